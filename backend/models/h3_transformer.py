@@ -1,0 +1,324 @@
+"""Our MiniMax-H3 DiT: weight-compatible with the released `transformer/` and `transformer_ref/` partitions.
+
+Parameter names follow the checkpoint keys exactly (`transformer_blocks.{i}.attn.to_q.weight`, ...), so a released
+state dict loads strictly. Compute differs from a literal port where it pays: Q/K/V run as one fused GEMM (weights
+concatenated after loading), AdaLN modulation is applied per run of rows (see h3_ops.RowSegments), the output heads
+project only the rows they return, and attention goes through backend.attention.dispatch.
+
+Forward contract (one packed request; the batch axis replicates one layout):
+  video_rows  [B, Nv, in_channels * prod(patch)]   rows in the order of layout.video_indices
+  audio_rows  [B, Na, audio_in_channels]           rows in the order of layout.audio_indices
+  text_states [B, Nt, text_dim]                    rows in the order of layout.text_indices
+  timesteps   [K] distinct noise levels t in [0, 1] (1 = clean); row_timestep_index [S] indexes them
+  -> (video velocity [B, Nv, 96], audio velocity [B, Na, 32]) in float32-or-head dtype, same row orders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+from torch import nn
+
+from ..attention.dispatch import AttentionFn, get_attention
+from .h3_ops import RowSegments, apply_rope_, rms_norm, rope_inv_freq, rope_tables, timestep_sinusoid
+
+MODALITY_COUNT = 3  # AdaLN table row = timestep_index * 3 + tag (0 video, 1 text, 2 audio): a checkpoint contract.
+
+# Stored in float32 in the released mixed-precision checkpoint; everything else is bfloat16.
+FP32_MODULE_PREFIXES = ("proj_in.", "audio_proj_in.", "time_embedder.", "proj_out.", "audio_proj_out.")
+
+
+@dataclass
+class H3TransformerConfig:
+    num_attention_heads: int = 56
+    attention_head_dim: int = 128
+    hidden_size: int = 5376
+    num_layers: int = 50
+    num_refiner_layers: int = 2
+    ffn_dim: int = 14336
+    in_channels: int = 24
+    audio_in_channels: int = 32
+    patch_size: tuple = (1, 2, 2)
+    text_dim: int = 5120
+    freq_dim: int = 256
+    time_embed_hidden_dim: int = 5376
+    time_embed_dim: int = 2688
+    rope_freq_dim: int = 16
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    qk_norm_eps: float = 1e-5
+    final_norm_eps: float = 1e-5
+    extra: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "H3TransformerConfig":
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in raw.items() if k in known}
+        if "patch_size" in values:
+            values["patch_size"] = tuple(values["patch_size"])
+        return cls(**values, extra={k: v for k, v in raw.items() if k not in known})
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "H3TransformerConfig":
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_dict(json.load(handle))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("extra")
+        out["patch_size"] = list(self.patch_size)
+        return out
+
+    @property
+    def video_patch_dim(self) -> int:
+        return self.in_channels * self.patch_size[0] * self.patch_size[1] * self.patch_size[2]
+
+
+class H3Attention(nn.Module):
+    """Self-attention over the packed sequence; per-head RMSNorm on q/k; optional rotary on the leading channels."""
+
+    def __init__(self, hidden: int, heads: int, head_dim: int, qk_eps: float):
+        super().__init__()
+        self.heads, self.head_dim, self.qk_eps = heads, head_dim, qk_eps
+        inner = heads * head_dim
+        self.to_q = nn.Linear(hidden, inner, bias=False)
+        self.to_k = nn.Linear(hidden, inner, bias=False)
+        self.to_v = nn.Linear(hidden, inner, bias=False)
+        self.norm_q = nn.RMSNorm(head_dim, eps=qk_eps)
+        self.norm_k = nn.RMSNorm(head_dim, eps=qk_eps)
+        self.to_out = nn.ModuleList([nn.Linear(inner, hidden, bias=False)])
+        self.register_buffer("qkv_weight", None, persistent=False)  # set by fuse_qkv()
+
+    def fuse_qkv(self) -> None:
+        """One [3*inner, hidden] GEMM instead of three; the separate weights are dropped to keep memory flat."""
+        if self.qkv_weight is not None:
+            return
+        fused = torch.cat([self.to_q.weight.data, self.to_k.weight.data, self.to_v.weight.data], dim=0)
+        self.qkv_weight = fused
+        for lin in (self.to_q, self.to_k, self.to_v):
+            lin.weight = nn.Parameter(fused.new_empty(0), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, attention: AttentionFn):
+        b, s, _ = x.shape
+        if self.qkv_weight is not None:
+            qkv = torch.nn.functional.linear(x, self.qkv_weight).view(b, s, 3, self.heads, self.head_dim)
+            q, k, v = qkv.unbind(2)
+        else:
+            q = self.to_q(x).view(b, s, self.heads, self.head_dim)
+            k = self.to_k(x).view(b, s, self.heads, self.head_dim)
+            v = self.to_v(x).view(b, s, self.heads, self.head_dim)
+        q = rms_norm(q, self.norm_q.weight, self.qk_eps)
+        k = rms_norm(k, self.norm_k.weight, self.qk_eps)
+        if rope is not None:
+            q = apply_rope_(q, *rope)
+            k = apply_rope_(k, *rope)
+        out = attention(q, k, v).reshape(b, s, self.heads * self.head_dim)
+        return self.to_out[0](out)
+
+
+class H3FeedForward(nn.Module):
+    """SwiGLU: net.0.proj -> [hidden | gate] halves, hidden * silu(gate), net.2 back to the model width."""
+
+    def __init__(self, dim: int, inner: int):
+        super().__init__()
+        self.net = nn.ModuleList([_Proj(dim, inner * 2), nn.Identity(), nn.Linear(inner, dim, bias=False)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.net[0].proj(x)
+        value, gate = h.chunk(2, dim=-1)
+        return self.net[2](value * torch.nn.functional.silu(gate))
+
+
+class _Proj(nn.Module):
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out, bias=False)
+
+
+class H3RefinerBlock(nn.Module):
+    """Pre-norm block over the text stream: no AdaLN, no rotary."""
+
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = H3Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.qk_norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.ff = H3FeedForward(cfg.hidden_size, cfg.ffn_dim)
+
+    def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x, self.norm1.weight, self.eps), None, attention)
+        return x + self.ff(rms_norm(x, self.norm2.weight, self.eps))
+
+
+class H3TokenRefiner(nn.Module):
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.refiner_blocks = nn.ModuleList([H3RefinerBlock(cfg) for _ in range(cfg.num_refiner_layers)])
+        self.final_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.final_norm_eps)
+
+    def forward(self, x: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        for block in self.refiner_blocks:
+            x = block(x, attention)
+        return rms_norm(x, self.final_norm.weight, self.final_norm.eps)
+
+
+class H3AdaLNProjection(nn.Module):
+    """temb [K, time_embed_dim] -> six tables [K * 3, hidden] (shift/scale/gate msa, shift/scale/gate mlp)."""
+
+    def __init__(self, time_embed_dim: int, hidden: int):
+        super().__init__()
+        self.hidden = hidden
+        self.linear = nn.Linear(time_embed_dim, 6 * hidden * MODALITY_COUNT, bias=True)
+
+    def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # silu at temb's precision (fp32), cast to the projection's dtype afterwards, as the released model does.
+        table = self.linear(torch.nn.functional.silu(temb).to(self.linear.weight.dtype))
+        return table.view(-1, 6 * self.hidden).chunk(6, dim=-1)
+
+
+class H3Block(nn.Module):
+    def __init__(self, cfg: H3TransformerConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = H3Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.qk_norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.ff = H3FeedForward(cfg.hidden_size, cfg.ffn_dim)
+        self.adaln_proj = H3AdaLNProjection(cfg.time_embed_dim, cfg.hidden_size)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        modulation: tuple[torch.Tensor, ...],
+        segments: RowSegments,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        attention: AttentionFn,
+    ) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = modulation
+        h = segments.modulate_(rms_norm(x, self.norm1.weight, self.eps), scale1, shift1)
+        x = segments.gated_add_(x, self.attn(h, rope, attention), gate1)
+        h = segments.modulate_(rms_norm(x, self.norm2.weight, self.eps), scale2, shift2)
+        return segments.gated_add_(x, self.ff(h), gate2)
+
+
+class H3TimeEmbedding(nn.Module):
+    def __init__(self, freq_dim: int, hidden: int, out_dim: int):
+        super().__init__()
+        self.linear_1 = nn.Linear(freq_dim, hidden, bias=True)
+        self.linear_2 = nn.Linear(hidden, out_dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(torch.nn.functional.silu(self.linear_1(x)))
+
+
+class H3NormOut(nn.Module):
+    def __init__(self, hidden: int, time_embed_dim: int, eps: float):
+        super().__init__()
+        self.norm = nn.RMSNorm(hidden, eps=eps)
+        self.linear = nn.Linear(time_embed_dim, 2 * hidden, bias=True)
+
+
+class H3Transformer(nn.Module):
+    def __init__(self, cfg: H3TransformerConfig, attention: str | AttentionFn = "sdpa"):
+        super().__init__()
+        self.config = cfg
+        self.attention = get_attention(attention) if isinstance(attention, str) else attention
+        hidden = cfg.hidden_size
+        self.proj_in = nn.Linear(cfg.video_patch_dim, hidden, bias=True)
+        self.audio_proj_in = nn.Linear(cfg.audio_in_channels, hidden, bias=True)
+        self.context_embedder = nn.Linear(cfg.text_dim, hidden, bias=True)
+        self.time_embedder = H3TimeEmbedding(cfg.freq_dim, cfg.time_embed_hidden_dim, cfg.time_embed_dim)
+        self.register_buffer("rope_inv_freq", rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta), persistent=False)
+        self.token_refiner = H3TokenRefiner(cfg)
+        self.transformer_blocks = nn.ModuleList([H3Block(cfg) for _ in range(cfg.num_layers)])
+        self.norm_out = H3NormOut(hidden, cfg.time_embed_dim, cfg.final_norm_eps)
+        self.proj_out = nn.Linear(hidden, cfg.video_patch_dim, bias=True)
+        self.audio_proj_out = nn.Linear(hidden, cfg.audio_in_channels, bias=True)
+
+    def fuse_projections(self) -> None:
+        for module in self.modules():
+            if isinstance(module, H3Attention):
+                module.fuse_qkv()
+
+    def time_embedding(self, timesteps: torch.Tensor) -> torch.Tensor:
+        """[K] t values -> temb [K, time_embed_dim] at the time embedder's precision (fp32 in the release)."""
+        emb = timestep_sinusoid(timesteps, self.config.freq_dim)
+        return self.time_embedder(emb.to(self.time_embedder.linear_1.weight.dtype))
+
+    def forward(
+        self,
+        video_rows: torch.Tensor,
+        audio_rows: torch.Tensor,
+        text_states: torch.Tensor,
+        timesteps: torch.Tensor,
+        row_timestep_index: torch.Tensor,
+        token_tags: torch.Tensor,
+        position_ids: torch.Tensor,
+        video_indices: torch.Tensor,
+        audio_indices: torch.Tensor,
+        text_indices: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        segments: tuple[RowSegments, RowSegments] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed: they depend only
+        on the layout and the step's timestep plan, not on the activations."""
+        seq = position_ids.shape[0]
+        if rope is None:
+            rope = rope_tables(position_ids, self.rope_inv_freq)
+        if segments is None:
+            adaln_rows = row_timestep_index.to(torch.long) * MODALITY_COUNT + token_tags.to(torch.long)
+            segments = (RowSegments.from_rows(adaln_rows), RowSegments.from_rows(row_timestep_index))
+        adaln_segments, out_segments = segments
+
+        text = self.context_embedder(text_states.to(self.context_embedder.weight.dtype))
+        text = self.token_refiner(text, self.attention)
+        dtype = text.dtype
+        x = text.new_zeros((text.shape[0], seq, text.shape[-1]))
+        x[:, text_indices] = text
+        x[:, video_indices] = self.proj_in(video_rows.to(self.proj_in.weight.dtype)).to(dtype)
+        x[:, audio_indices] = self.audio_proj_in(audio_rows.to(self.audio_proj_in.weight.dtype)).to(dtype)
+
+        temb = self.time_embedding(timesteps)
+        for block in self.transformer_blocks:
+            x = block(x, block.adaln_proj(temb), adaln_segments, rope, self.attention)
+
+        lin = self.norm_out.linear
+        shift, scale = lin(torch.nn.functional.silu(temb).to(lin.weight.dtype)).chunk(2, dim=-1)
+        x = out_segments.modulate_(rms_norm(x, self.norm_out.norm.weight, self.norm_out.norm.eps), scale, shift)
+        # Project only the rows each head returns: same per-row math as projecting all rows, far fewer FLOPs.
+        video = self.proj_out(x[:, video_indices].to(self.proj_out.weight.dtype))
+        audio = self.audio_proj_out(x[:, audio_indices].to(self.audio_proj_out.weight.dtype))
+        return video, audio
+
+
+def load_h3_transformer(
+    folder: str | os.PathLike,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    attention: str | AttentionFn = "sdpa",
+    fuse: bool = True,
+) -> H3Transformer:
+    """Build on the meta device (no host copy of 33B params), then assign the checkpoint's tensors strictly.
+
+    dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it."""
+    from .checkpoint import load_into, read_json
+
+    folder = os.fspath(folder)
+    cfg = H3TransformerConfig.from_dict(read_json(os.path.join(folder, "config.json")))
+    with torch.device("meta"):
+        model = H3Transformer(cfg, attention)
+
+    def dtype_for(key: str, stored: torch.dtype) -> torch.dtype:
+        if dtype is None:
+            return stored
+        return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
+
+    load_into(model, folder, device=device, dtype_for=dtype_for)
+    model.rope_inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(device)
+    if fuse:
+        model.fuse_projections()
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,132 @@
+"""Load a MiniMax-H3 diffusers-layout folder: text encoder, tokenizer, processor, VAEs, and the two DiT partitions.
+
+Layout: transformer/ (t2va, fl2va), transformer_ref/ (ref2va), vae/, audio_vae/, text_encoder/, tokenizer/,
+processor/, scheduler/ and model_index.json. Either transformer partition may be absent (then its tasks are
+refused with a clear message). DiTs load lazily, on the first request that needs them, through our strict loader;
+the other components through their libraries with a strict key report (nothing is left randomly initialised).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...models.checkpoint import CheckpointError, find_shards
+from ...models.h3_transformer import H3Transformer, load_h3_transformer
+from .conditioning import ConditionEncoder
+from .text import TextEncoder
+
+REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
+TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
+
+
+def check_model_folder(folder: str | os.PathLike) -> Path:
+    """Raise CheckpointError naming what is missing; return the resolved folder."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise CheckpointError(f"MiniMax-H3 model folder not found: {path}")
+    missing = [name for name in REQUIRED if not (path / name).is_dir()]
+    if not any((path / p).is_dir() for p in ("transformer", "transformer_ref")):
+        missing.append("transformer/ or transformer_ref/")
+    if missing:
+        raise CheckpointError(f"{path} is not a MiniMax-H3 diffusers folder: missing {', '.join(missing)}")
+    for name in ("transformer", "transformer_ref", "vae", "audio_vae", "text_encoder"):
+        if (path / name).is_dir():
+            find_shards(path / name)  # raises on absent / pickle-only weights before anything heavy loads
+    return path.resolve()
+
+
+def _strict(kind: str, folder: Path, info: dict) -> None:
+    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    if bad:
+        detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:5]))}" for k, v in bad.items())
+        raise CheckpointError(f"{kind} weights in {folder} do not match its config ({detail})")
+
+
+@dataclass
+class EngineOptions:
+    device: str = "cpu"
+    dtype: torch.dtype = torch.bfloat16  # compute dtype of the DiT and text encoder; fp32 modules stay fp32
+    vae_dtype: torch.dtype = torch.float32
+    attention: str = "sdpa"
+    reference_image_short_edge: int = 2048
+
+
+class H3Components:
+    def __init__(self, folder: str | os.PathLike, options: EngineOptions):
+        from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
+        from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
+
+        self.folder = check_model_folder(folder)
+        self.options = options
+        self.device = torch.device(options.device)
+        f = self.folder
+        self.vae, info = AutoencoderKLMiniMaxH3.from_pretrained(
+            f / "vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
+        _strict("vae", f / "vae", info)
+        self.audio_vae, info = AutoencoderKLMiniMaxH3Audio.from_pretrained(
+            f / "audio_vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
+        _strict("audio_vae", f / "audio_vae", info)
+        text_model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+            f / "text_encoder", dtype=options.dtype, use_safetensors=True, output_loading_info=True)
+        _strict("text_encoder", f / "text_encoder", info)
+        self.vae.to(self.device).eval().requires_grad_(False)
+        self.audio_vae.to(self.device).eval().requires_grad_(False)
+        text_model.to(self.device).eval().requires_grad_(False)
+        self.text = TextEncoder(text_model, AutoTokenizer.from_pretrained(f / "tokenizer"),
+                                AutoProcessor.from_pretrained(f / "processor"), self.device, options.dtype)
+        self.cond = ConditionEncoder(self.vae, self.audio_vae, self.device)
+        self._dits: dict[str, H3Transformer] = {}
+
+    # geometry read from the VAEs, so a fine-tune with other factors needs no code change
+    @property
+    def spatial_ratio(self) -> int:
+        return int(self.vae.spatial_compression_ratio)
+
+    @property
+    def frames_per_chunk(self) -> int:
+        return int(self.vae.config.clip_length)
+
+    @property
+    def latents_per_chunk(self) -> int:
+        return int(self.vae.tokens_chunk_size)
+
+    @property
+    def audio_rate(self) -> int:
+        return int(self.audio_vae.config.sampling_rate)
+
+    @property
+    def latent_channels(self) -> int:
+        return int(self.vae.config.latent_channels)
+
+    @property
+    def audio_channels(self) -> int:
+        return int(self.audio_vae.config.latent_channels)
+
+    def has_partition(self, task: str) -> bool:
+        return (self.folder / TASK_PARTITION[task]).is_dir()
+
+    def transformer_for(self, task: str) -> H3Transformer:
+        name = TASK_PARTITION[task]
+        if name not in self._dits:
+            if not (self.folder / name).is_dir():
+                raise CheckpointError(f"Task {task} needs {self.folder / name}/, which this model folder lacks.")
+            # One 33B partition at a time on a GPU: drop the other before loading (62 GB each in bf16).
+            if self.device.type == "cuda":
+                self._dits.clear()
+                torch.cuda.empty_cache()
+            self._dits[name] = load_h3_transformer(self.folder / name, self.device, self.options.dtype,
+                                                   self.options.attention)
+        return self._dits[name]
+
+    @property
+    def patch_size(self) -> tuple[int, int, int]:
+        for name in ("transformer", "transformer_ref"):
+            cfg = self.folder / name / "config.json"
+            if cfg.is_file():
+                return tuple(json.loads(cfg.read_text())["patch_size"])
+        return (1, 2, 2)

@@ -1,0 +1,92 @@
+"""MiniMax-H3 request geometry: canvas, frame-count snapping, latent sizes. Pure arithmetic, no tensors.
+
+Facts (diffusers 0.42.1 / the released checkpoint): 24 fps; 5..15 s; the video VAE encodes 17-frame chunks into 5
+latent frames, so frame counts snap up to 17n+5 and give 5n+2 latent frames; spatial /16 and patch 2 make the canvas
+a multiple of 32; default canvas short edge 768 with area cap 768*1344; aspect 1:4..4:1; audio 40 latents/s stereo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FPS = 24
+MIN_SECONDS = 5.0
+MAX_SECONDS = 15.0
+AUDIO_LATENTS_PER_SECOND = 40
+AUDIO_CHANNELS = 2
+CANVAS_SHORT_EDGE = 768
+CANVAS_MAX_PIXELS = 768 * 1344
+MIN_ASPECT, MAX_ASPECT = 1 / 4, 4.0
+VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
+
+
+class RequestError(ValueError):
+    """A request that cannot run as given; the message says what to change."""
+
+
+def resolve_canvas(aspect_w: float, aspect_h: float, multiple: int = 32, short_edge: int = CANVAS_SHORT_EDGE,
+                   max_pixels: int = CANVAS_MAX_PIXELS) -> tuple[int, int]:
+    """Aspect ratio (or source size) -> (height, width) on H3's canvas rule."""
+    if aspect_w <= 0 or aspect_h <= 0:
+        raise RequestError(f"Aspect ratio must be positive, got {aspect_w}:{aspect_h}.")
+    ratio = aspect_w / aspect_h
+    if not MIN_ASPECT <= ratio <= MAX_ASPECT:
+        raise RequestError(f"MiniMax-H3 supports aspect ratios 1:4 to 4:1, got {aspect_w}:{aspect_h} ({ratio:.3g}).")
+    width, height = (short_edge * ratio, float(short_edge)) if ratio >= 1 else (float(short_edge), short_edge / ratio)
+    if width * height > max_pixels:
+        scale = (max_pixels / (width * height)) ** 0.5
+        width, height = width * scale, height * scale
+    return max(multiple, round(height / multiple) * multiple), max(multiple, round(width / multiple) * multiple)
+
+
+def snap_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
+    """Round a frame count up to the next frames_per_chunk*n + latents_per_chunk (17n+5 for the release)."""
+    if num_frames < 1:
+        raise RequestError(f"Frame count must be positive, got {num_frames}.")
+    remainder = (num_frames - latents_per_chunk) % frames_per_chunk
+    return num_frames + ((frames_per_chunk - remainder) % frames_per_chunk)
+
+
+def latent_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
+    if num_frames % frames_per_chunk != latents_per_chunk:
+        raise RequestError(f"Frame count must be {frames_per_chunk}n+{latents_per_chunk}, got {num_frames}.")
+    return (num_frames - latents_per_chunk) // frames_per_chunk * latents_per_chunk + 2
+
+
+def audio_latents(num_frames: int) -> int:
+    return int(round(num_frames / FPS * AUDIO_LATENTS_PER_SECOND))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Resolved shapes of one request. Latent video [1, C, latent_frames, latent_h, latent_w]; audio [2, 32, Ta]."""
+
+    height: int
+    width: int
+    num_frames: int
+    latent_frames: int
+    latent_height: int
+    latent_width: int
+    audio_latents: int
+
+    @property
+    def seconds(self) -> float:
+        return self.num_frames / FPS
+
+
+def resolve_geometry(num_frames: int, height: int, width: int, spatial_ratio: int = 16, multiple: int = 32,
+                     frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> Geometry:
+    """Validate and snap a request's size; raises RequestError with the fix in the message."""
+    if height % multiple or width % multiple:
+        raise RequestError(f"Width and height must be multiples of {multiple}, got {width}x{height}.")
+    if not MIN_ASPECT <= width / height <= MAX_ASPECT:
+        raise RequestError(f"MiniMax-H3 supports aspect ratios 1:4 to 4:1, got {width}x{height}.")
+    frames = snap_frames(num_frames, frames_per_chunk, latents_per_chunk)
+    seconds = frames / FPS
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise RequestError(
+            f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s at {FPS} fps: {num_frames} frames snap up to "
+            f"{frames} ({seconds:.3f} s). Use {int(MIN_SECONDS * FPS)}..{int(MAX_SECONDS * FPS)} frames."
+        )
+    return Geometry(height, width, frames, latent_frames(frames, frames_per_chunk, latents_per_chunk),
+                    height // spatial_ratio, width // spatial_ratio, audio_latents(frames))

@@ -1,0 +1,78 @@
+"""What a caller asks the H3 pipeline for, and what it gets back. Plain data; validation lives in `validate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .geometry import FPS, RequestError
+
+
+@dataclass
+class ReferenceInput:
+    """One ref2va reference as decoded media. kind image: `image`. kind video: `frames` uint8 [T, H, W, 3] at `fps`,
+    optional soundtrack `audio` [C, N] at `sample_rate`. kind audio: `audio` + `sample_rate`."""
+
+    kind: str
+    image: Image.Image | None = None
+    frames: np.ndarray | None = None
+    fps: float = float(FPS)
+    audio: torch.Tensor | None = None
+    sample_rate: int | None = None
+
+
+@dataclass
+class H3Request:
+    prompt: str
+    num_frames: int = 124
+    width: int | None = None  # None: from the first keyframe's aspect, else 16:9 at 768 short edge
+    height: int | None = None
+    steps: int = 50  # denoising steps = model evaluations (the reference's num_inference_steps is steps + 1)
+    video_shift: float = 12.0
+    audio_shift: float = 3.0
+    seed: int = 0
+    first_frame: Image.Image | None = None
+    last_frame: Image.Image | None = None
+    references: list[ReferenceInput] = field(default_factory=list)
+    decode: bool = True  # False: latents only
+
+    @property
+    def task(self) -> str:
+        if self.references:
+            return "ref2va"
+        if self.first_frame is not None or self.last_frame is not None:
+            return "fl2va"
+        return "t2va"
+
+    def validate(self) -> None:
+        if not isinstance(self.prompt, str) or not self.prompt.strip():
+            raise RequestError("The prompt is empty: MiniMax-H3 needs a text prompt for every task.")
+        if self.references and (self.first_frame is not None or self.last_frame is not None):
+            raise RequestError("Give either keyframes (first/last frame) or references, not both: they are "
+                               "different tasks (fl2va vs ref2va).")
+        if (self.width is None) != (self.height is None):
+            raise RequestError("Give width and height together, or neither (then the canvas follows the input).")
+        if not 1 <= self.steps <= 1000:
+            raise RequestError(f"steps must be between 1 and 1000, got {self.steps}.")
+        if self.video_shift <= 0 or self.audio_shift <= 0:
+            raise RequestError("Shifts must be positive.")
+        if not 0 <= self.seed < 2**64:
+            raise RequestError(f"seed must be in [0, 2^64), got {self.seed}.")
+
+
+@dataclass
+class H3Result:
+    """video_latents [1, 24, T, h, w] and audio_latents [2, 32, Ta] float32 CPU (the reference's unpacked layout);
+    frames uint8 [F, H, W, 3] (CPU) and audio [2, N] float32 when decoded."""
+
+    task: str
+    video_latents: torch.Tensor
+    audio_latents: torch.Tensor
+    frames: torch.Tensor | None
+    audio: torch.Tensor | None
+    sample_rate: int
+    fps: int = FPS
+    timings: dict = field(default_factory=dict)
