@@ -54,6 +54,8 @@ class EngineOptions:
     vae_dtype: torch.dtype = torch.float32
     attention: str = "sdpa"
     reference_image_short_edge: int = 2048
+    canvas_short_edge: int = 768
+    canvas_max_pixels: int = 768 * 1344
 
 
 class H3Components:
@@ -130,3 +132,19 @@ class H3Components:
             if cfg.is_file():
                 return tuple(json.loads(cfg.read_text())["patch_size"])
         return (1, 2, 2)
+
+
+def folder_settings(folder: str | os.PathLike) -> dict:
+    """Pipeline settings a model folder may carry (diffusers modular config: canvas / reference sizes)."""
+    settings: dict = {}
+    for name in ("modular_model_index.json", "model_index.json"):
+        path = Path(folder) / name
+        if path.is_file():
+            try:
+                raw = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                continue
+            for key in ("reference_image_short_edge", "canvas_short_edge", "canvas_max_pixels"):
+                if isinstance(raw.get(key), int):
+                    settings.setdefault(key, raw[key])
+    return settings

@@ -103,7 +103,8 @@ def video_to_24fps(frames: np.ndarray, fps: float) -> np.ndarray:
 
 
 def normalize_references(references: list, num_frames: int, multiple: int, image_short_edge: int,
-                         audio_rate: int) -> list[NormalizedReference]:
+                         audio_rate: int, canvas_short_edge: int = 768,
+                         canvas_max_pixels: int = 768 * 1344) -> list[NormalizedReference]:
     """Validate counts and put every reference (conditioning.ReferenceInput) onto H3's rates, in request order."""
     if not references:
         raise RequestError("ref2va needs at least one reference.")
@@ -134,7 +135,7 @@ def normalize_references(references: list, num_frames: int, multiple: int, image
             out.append(NormalizedReference("image", image=image))
         elif ref.kind == "video":
             frames = video_to_24fps(np.asarray(ref.frames), float(ref.fps))[:num_frames]
-            h, w = resolve_canvas(frames.shape[2], frames.shape[1], multiple)
+            h, w = resolve_canvas(frames.shape[2], frames.shape[1], multiple, canvas_short_edge, canvas_max_pixels)
             if frames.shape[1:3] != (h, w):
                 frames = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.LANCZOS))
                                    for f in frames])

@@ -45,11 +45,10 @@ class H3Pipeline:
         height, width = req.height, req.width
         keyframes, anchors = [], ()
         if height is None:
+            aspect = (16, 9)
             if req.task == "fl2va":
-                source = req.first_frame if req.first_frame is not None else req.last_frame
-                height, width = resolve_canvas(*source.size, multiple)
-            else:
-                height, width = resolve_canvas(16, 9, multiple)
+                aspect = (req.first_frame if req.first_frame is not None else req.last_frame).size
+            height, width = resolve_canvas(*aspect, multiple, c.options.canvas_short_edge, c.options.canvas_max_pixels)
         geo = resolve_geometry(req.num_frames, height, width, c.spatial_ratio, multiple, c.frames_per_chunk,
                                c.latents_per_chunk)
         if req.task == "fl2va":
@@ -72,7 +71,8 @@ class H3Pipeline:
         audio_conditions: list[torch.Tensor] = []
         if req.task == "ref2va":
             refs = normalize_references(req.references, geo.num_frames, c.spatial_ratio * patch[2],
-                                        c.options.reference_image_short_edge, c.audio_rate)
+                                        c.options.reference_image_short_edge, c.audio_rate,
+                                        c.options.canvas_short_edge, c.options.canvas_max_pixels)
             text, tags = c.text.encode_references(req.prompt, refs)
             blocks = []
             for ref in refs:

@@ -1,0 +1,111 @@
+"""Engine: one per loaded model configuration; owns the worker processes, persists across prompts.
+
+`generate()` is the single entry the nodes and the CLI use. The same path serves 1 CPU, 1 GPU and (later) N GPUs.
+Failures come back as EngineError subclasses with a message fit for a node error; a dead worker is detected and the
+engine starts fresh on the next call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from .engine_config import EngineConfig
+from .executor.mp_executor import MpExecutor, WorkerDied, WorkerFailed
+from .pipelines.h3.geometry import RequestError
+
+
+class EngineError(RuntimeError):
+    """A generation that failed; the message says why. The engine stays usable."""
+
+
+class EngineOutOfMemory(EngineError):
+    pass
+
+
+class EngineCancelled(EngineError):
+    pass
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self._executor: MpExecutor | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def started(self) -> bool:
+        return self._executor is not None and self._executor.alive
+
+    def start(self, should_cancel: Callable[[], bool] | None = None) -> None:
+        with self._lock:
+            if self.started:
+                return
+            if self._executor is not None:  # died since last use
+                self._executor.shutdown()
+            executor = MpExecutor(self.config)
+            try:
+                executor.start()
+            except WorkerFailed as exc:
+                raise EngineError(exc.failure.message) from None
+            except WorkerDied as exc:
+                raise EngineError(str(exc)) from None
+            self._executor = executor
+
+    def generate(self, request, progress: Callable[[int, int], None] | None = None,
+                 should_cancel: Callable[[], bool] | None = None):
+        request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
+        with self._lock:
+            self.start()
+            runner = self._executor.run("h3", request, should_cancel)
+            try:
+                while True:
+                    event = next(runner)
+                    if progress is not None:
+                        progress(event.done, event.total)
+            except StopIteration as stop:
+                return stop.value
+            except WorkerFailed as exc:
+                failure = exc.failure
+                if failure.kind == "request":
+                    raise RequestError(failure.message) from None
+                if failure.kind == "cancelled":
+                    raise EngineCancelled(failure.message) from None
+                if failure.kind == "oom":
+                    raise EngineOutOfMemory(failure.message) from None
+                raise EngineError(f"{failure.message}\n{failure.traceback}") from None
+            except WorkerDied as exc:
+                self._executor = None
+                raise EngineError(str(exc)) from None
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+
+
+_ENGINES: dict[EngineConfig, Engine] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_engine(config: EngineConfig) -> Engine:
+    """The engine for this configuration; loading another one releases the rest (a 33B model per GPU at a time)."""
+    with _REGISTRY_LOCK:
+        engine = _ENGINES.get(config)
+        if engine is None:
+            for other in list(_ENGINES.values()):
+                other.shutdown()
+            _ENGINES.clear()
+            engine = _ENGINES[config] = Engine(config)
+        return engine
+
+
+def shutdown_all() -> int:
+    """Stop every engine's workers (ComfyUI's "free memory"); returns how many were running."""
+    with _REGISTRY_LOCK:
+        running = sum(1 for e in _ENGINES.values() if e.started)
+        for engine in _ENGINES.values():
+            engine.shutdown()
+        return running

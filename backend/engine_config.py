@@ -1,0 +1,56 @@
+"""What identifies an engine: model files, devices, parallel degree, attention backend, precision. Picklable: it
+travels to every worker process, which builds its pipeline from it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str
+    device: str = "cpu"  # "cpu", "cuda" or "cuda:N" (a worker per device when world_size > 1)
+    dtype: str = "bfloat16"  # DiT + text encoder compute dtype; float32 modules of the checkpoint stay float32
+    vae_dtype: str = "float32"
+    attention: str = "sdpa"
+    world_size: int = 1
+    executor: str = "mp"
+    cpu_threads: int = 0  # 0: torch default
+    master_port: int = 29517
+    reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES or self.vae_dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r} / {self.vae_dtype!r}.")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}.")
+        if self.world_size != 1:
+            raise ValueError("This version runs one worker (world_size 1); sequence parallelism comes with the "
+                             "multi-GPU engine.")
+        if self.executor != "mp":
+            raise ValueError(f"Unknown executor {self.executor!r}; available: 'mp'.")
+        if not os.path.isdir(self.model_dir):
+            raise FileNotFoundError(f"MiniMax-H3 model folder not found: {self.model_dir}")
+
+    def build_pipeline(self, rank: int):
+        import torch
+
+        from .pipelines.h3.components import EngineOptions, H3Components, folder_settings
+        from .pipelines.h3.pipeline import H3Pipeline
+
+        device = self.device
+        if device.startswith("cuda") and ":" not in device:
+            device = f"cuda:{rank}"
+        settings = folder_settings(self.model_dir)
+        options = EngineOptions(
+            device=device, dtype=getattr(torch, self.dtype), vae_dtype=getattr(torch, self.vae_dtype),
+            attention=self.attention,
+            reference_image_short_edge=self.reference_image_short_edge
+            or settings.get("reference_image_short_edge", 2048),
+            canvas_short_edge=settings.get("canvas_short_edge", 768),
+            canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
+        )
+        return H3Pipeline(H3Components(self.model_dir, options))

@@ -1,0 +1,48 @@
+"""Messages between the engine (driver) and its worker processes. Plain picklable dataclasses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Job:
+    job_id: int
+    kind: str  # "h3"
+    request: Any
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class Ready:
+    rank: int
+    load_s: float
+    device: str
+
+
+@dataclass
+class Progress:
+    job_id: int
+    done: int
+    total: int
+    stage: str = "denoise"
+
+
+@dataclass
+class Done:
+    job_id: int
+    result: Any
+
+
+@dataclass
+class Failed:
+    job_id: int | None  # None: failed while starting/loading
+    kind: str  # "error" | "oom" | "cancelled" | "request"
+    message: str
+    traceback: str = ""
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,147 @@
+"""`mp` executor: one spawned process per device (torch.multiprocessing), queues for jobs and events.
+
+The driver never blocks on device work: it waits on the event queue with a short timeout, so ComfyUI's Stop, a dead
+worker or a progress update are noticed within ~0.1 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import queue
+import sys
+import types
+from typing import Callable, Iterator
+
+from .messages import Done, Failed, Job, Progress, Ready, Shutdown
+
+POLL_S = 0.1
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class WorkerFailed(RuntimeError):
+    def __init__(self, failure: Failed):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+@contextlib.contextmanager
+def _spawn_environment():
+    """Make a spawned child able to import us and keep it from re-running the host's main script.
+
+    Inside ComfyUI `__main__` is ComfyUI's main.py, which spawn would re-execute in the child; and `comfyui_h3` may
+    be registered by path rather than installed. For the instant of `start()` we hide `__main__` and put the folder
+    holding `comfyui_h3/` at the END of sys.path (the host's own `nodes` module stays first and already imported)."""
+    main = sys.modules.get("__main__")
+    root = _package_parent()
+    added = root is not None and root not in sys.path
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    if added:
+        sys.path.append(root)
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+        if added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(root)
+
+
+def _package_parent() -> str | None:
+    import comfyui_h3
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(comfyui_h3.__file__)))
+
+
+class MpExecutor:
+    def __init__(self, config):
+        self.config = config
+        self._procs: list = []
+        self._commands: list = []
+        self._events = None
+        self._cancel = None
+        self._ids = itertools.count(1)
+        self.ready: list[Ready] = []
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self, on_wait: Callable[[], None] | None = None) -> None:
+        import torch.multiprocessing as tmp
+
+        from .worker import worker_main
+
+        ctx = tmp.get_context("spawn")
+        self._events = ctx.Queue()
+        self._cancel = ctx.Event()
+        n = self.config.world_size
+        with _spawn_environment():
+            for rank in range(n):
+                commands = ctx.Queue()
+                proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
+                                   args=(rank, n, self.config, commands, self._events, self._cancel))
+                proc.start()
+                self._procs.append(proc)
+                self._commands.append(commands)
+        while len(self.ready) < n:
+            msg = self._next_event(on_wait)
+            if isinstance(msg, Ready):
+                self.ready.append(msg)
+            elif isinstance(msg, Failed):
+                self.shutdown()
+                raise WorkerFailed(msg)
+
+    def _next_event(self, on_wait: Callable[[], None] | None = None):
+        while True:
+            try:
+                return self._events.get(timeout=POLL_S)
+            except queue.Empty:
+                if not all(p.is_alive() for p in self._procs):
+                    codes = [p.exitcode for p in self._procs]
+                    self.shutdown()
+                    raise WorkerDied(f"A worker process died (exit codes {codes}); the engine restarts on next use.")
+                if on_wait is not None:
+                    on_wait()
+
+    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None) -> Iterator:
+        """Submit one job; yield Progress events; return the result (via StopIteration value) or raise."""
+        job = Job(next(self._ids), kind, request)
+        self._cancel.clear()
+        for commands in self._commands:
+            commands.put(job)
+
+        def check_cancel():
+            if should_cancel is not None and should_cancel():
+                self._cancel.set()
+
+        while True:
+            msg = self._next_event(check_cancel)
+            if isinstance(msg, Progress) and msg.job_id == job.job_id:
+                check_cancel()
+                yield msg
+            elif isinstance(msg, Done) and msg.job_id == job.job_id:
+                return msg.result
+            elif isinstance(msg, Failed) and msg.job_id == job.job_id:
+                raise WorkerFailed(msg)
+
+    def cancel(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        for commands in self._commands:
+            with contextlib.suppress(Exception):
+                commands.put(Shutdown())
+        for proc in self._procs:
+            proc.join(timeout)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2)
+        self._procs, self._commands, self.ready = [], [], []
