@@ -1,0 +1,17 @@
+"""Shared fixtures: the tiny MiniMax-H3 set the package builds itself, made once per test session."""
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # a plain checkout without `pip install -e .` still imports comfyui_h3
+    sys.path.insert(0, REPO)
+
+
+@pytest.fixture(scope="session")
+def tiny_h3_dir(tmp_path_factory):
+    from comfyui_h3.backend.models.tiny import make_tiny_h3
+
+    return make_tiny_h3(tmp_path_factory.mktemp("models") / "tiny-h3")
