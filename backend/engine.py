@@ -7,6 +7,7 @@ engine starts fresh on the next call.
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Callable
 
@@ -88,6 +89,7 @@ class Engine:
 
 _ENGINES: dict[EngineConfig, Engine] = {}
 _REGISTRY_LOCK = threading.Lock()
+atexit.register(lambda: shutdown_all())  # workers never outlive the process that started them
 
 
 def get_engine(config: EngineConfig) -> Engine:

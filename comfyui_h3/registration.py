@@ -1,8 +1,23 @@
 """Node registration: the one place that lists the pack's nodes. IDs carry the `H3_` pack prefix (no core node uses
-it: core ships MiniMaxH3* and SeedVR2*) and never change once shipped."""
+it: core ships MiniMaxH3*, SeedVR2* and Minimax* API nodes) and never change once shipped."""
 
 from __future__ import annotations
 
-NODE_CLASS_MAPPINGS: dict = {}
-NODE_DISPLAY_NAME_MAPPINGS: dict = {}
+from .nodes.load_image import H3LoadImage
+from .nodes.loader import H3ModelLoader
+from .nodes.sample import H3Sample
+from .nodes.save_video import H3SaveVideo
+
+NODE_CLASS_MAPPINGS = {
+    "H3_ModelLoader": H3ModelLoader,
+    "H3_Sample": H3Sample,
+    "H3_SaveVideo": H3SaveVideo,
+    "H3_LoadImage": H3LoadImage,
+}
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "H3_ModelLoader": "H3 Model Loader",
+    "H3_Sample": "H3 Sample (MiniMax-H3)",
+    "H3_SaveVideo": "H3 Save Video",
+    "H3_LoadImage": "H3 Load Image",
+}
 WEB_DIRECTORY = "./js"

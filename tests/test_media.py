@@ -181,6 +181,10 @@ def test_bad_input_and_empty_video_leave_no_file(tmp_path):
             pass
     with pytest.raises(ValueError, match="AAC"):
         Mp4Writer(path, W, H, FPS, audio_sample_rate=40_000)
+    with pytest.raises(ValueError, match="preset"):
+        Mp4Writer(path, W, H, FPS, preset="warp")
+    with pytest.raises(ValueError, match="crf"):
+        Mp4Writer(path, W, H, FPS, crf=60)
     assert os.listdir(tmp_path) == []
 
 

@@ -1,0 +1,42 @@
+"""Media layer: decode files to uint8 frames + audio, float <-> uint8 conversion on the device, streamed MP4 encode.
+
+- frames.py: `video_to_uint8`, `iter_uint8_chunks` (float video -> uint8 [T, H, W, 3], chunked, same device),
+  `uint8_to_image` (uint8 -> ComfyUI IMAGE float32). Needs torch only.
+- encode.py: `Mp4Writer` (H.264 + AAC, temp file + no-clobber publish), `next_free_path`, `as_fraction`. Needs PyAV.
+- decode.py: `decode_video` (frame_load_cap / skip_first_frames / select_every_nth / force_rate), `probe_video`.
+
+Names are resolved lazily, so a GPU worker that only converts frames never imports PyAV.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "DecodedVideo": "decode",
+    "VideoInfo": "decode",
+    "decode_video": "decode",
+    "hold_counts": "decode",
+    "probe_video": "decode",
+    "AAC_SAMPLE_RATES": "encode",
+    "X264_PRESETS": "encode",
+    "Mp4Writer": "encode",
+    "as_fraction": "encode",
+    "next_free_path": "encode",
+    "iter_uint8_chunks": "frames",
+    "uint8_to_image": "frames",
+    "video_to_uint8": "frames",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -33,6 +33,9 @@ _LAYOUTS = {1: "mono", 2: "stereo"}
 # AVCOL_* code points (ISO/IEC 23091-2): BT.709 primaries / transfer / matrix.
 _BT709 = 1
 _ODD_SIZE_MODES = ("pad", "crop", "error")
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
+# Sample rates AAC (MPEG-4 audio sampling frequency index) can signal.
+AAC_SAMPLE_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350)
 
 
 def as_fraction(rate: Fraction | float | int | str) -> Fraction:
@@ -181,10 +184,17 @@ class Mp4Writer:
             raise ValueError(f"H.264 yuv420p needs an even width and height, got {width}x{height}")
         if odd_size == "crop" and (width < 2 or height < 2):
             raise ValueError(f"cannot crop {width}x{height} to an even size")
-        if audio_sample_rate is not None and int(audio_sample_rate) <= 0:
-            raise ValueError(f"audio_sample_rate must be positive, got {audio_sample_rate}")
+        if audio_sample_rate is not None and int(audio_sample_rate) not in AAC_SAMPLE_RATES:
+            raise ValueError(
+                f"AAC cannot store {audio_sample_rate} Hz; use one of {AAC_SAMPLE_RATES} "
+                "(write_audio(waveform, sample_rate=...) resamples into the stream's rate)"
+            )
         if audio_channels not in _LAYOUTS:
             raise ValueError(f"audio_channels must be 1 or 2, got {audio_channels}")
+        if preset not in X264_PRESETS:
+            raise ValueError(f"preset must be one of {X264_PRESETS}, got {preset!r}")
+        if not 0 <= float(crf) <= 51:
+            raise ValueError(f"crf must be in 0..51 (0 = lossless luma, 18 ~ visually lossless), got {crf}")
 
         self.width, self.height = width, height
         self.odd_size = odd_size

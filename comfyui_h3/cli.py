@@ -1,0 +1,164 @@
+"""Command line: `python -m comfyui_h3 {generate,run,demo,make-tiny} ...` (see --help of each)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("make-tiny", help="Build the tiny MiniMax-H3 test model set (noise-like output).")
+    t.add_argument("--out", required=True, help="Folder to create.")
+    t.add_argument("--overwrite", action="store_true")
+
+    g = sub.add_parser("generate", help="Generate one video (+ audio) from a prompt.")
+    g.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--first-frame", help="Image the video starts on (fl2va).")
+    g.add_argument("--last-frame", help="Image the video ends on (fl2va).")
+    g.add_argument("--reference", action="append", default=[], metavar="FILE",
+                   help="Reference image / video / audio file (ref2va), repeatable; order matters.")
+    length = g.add_mutually_exclusive_group()
+    length.add_argument("--seconds", type=float, help="Duration in seconds (5-15) at 24 fps.")
+    length.add_argument("--frames", type=int, help="Frame count (snapped up to 17n+5).")
+    g.add_argument("--width", type=int)
+    g.add_argument("--height", type=int)
+    g.add_argument("--steps", type=int, default=50, help="Denoising steps (model evaluations).")
+    g.add_argument("--video-shift", type=float, default=12.0)
+    g.add_argument("--audio-shift", type=float, default=3.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    g.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="Default: bfloat16 on CUDA, float32 on the CPU.")
+    g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
+    g.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
+                   help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
+    g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
+
+    r = sub.add_parser("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
+    r.add_argument("workflow")
+    r.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
+                   help="Override an input (VALUE parsed as JSON if it is JSON), repeatable.")
+    r.add_argument("--server", help="Submit to a running ComfyUI at this URL instead (POST /prompt).")
+    r.add_argument("--out-dir", default=None, help="Where outputs go (default: ComfyUI's or ./output).")
+
+    d = sub.add_parser("demo", help="Build the tiny model if needed and run the shipped workflows on it.")
+    d.add_argument("--out-dir", default=None, help="Default: ./output")
+    d.add_argument("--steps", type=int, default=None, help="Override the workflows' step count.")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"make-tiny": _make_tiny, "generate": _generate, "run": _run, "demo": _demo}[args.command](args)
+    except KeyboardInterrupt:
+        print("Stopped.", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _make_tiny(args) -> int:
+    from .backend.models.tiny import make_tiny_h3
+
+    print(make_tiny_h3(args.out, overwrite=args.overwrite))
+    return 0
+
+
+def _resolve_model(name: str) -> str:
+    if name == "tiny":
+        from .tiny_model import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    from .comfy_services import resolve_h3_model
+
+    return resolve_h3_model(name, allow_explicit_path=True)
+
+
+def _generate(args) -> int:
+    from .cli_generate import generate
+
+    return generate(args, _resolve_model(args.model))
+
+
+def _run(args) -> int:
+    from .workflow_runner import apply_overrides, load_workflow
+
+    prompt = apply_overrides(load_workflow(args.workflow), args.set)
+    if args.server:
+        from .server_client import run_on_server
+
+        files = run_on_server(args.server, prompt, args.out_dir or "output")
+    else:
+        files = _run_local(prompt, args.out_dir)
+    for path in files:
+        print(path)
+    return 0
+
+
+def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
+    from . import comfy_services as services
+    from .workflow_runner import execute
+
+    if out_dir:
+        os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
+    outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
+    root = services.output_directory()
+    return [os.path.join(root, item.get("subfolder", ""), item["filename"])
+            for ui in outputs.values() for item in ui.get("images", [])]
+
+
+def _demo(args) -> int:
+    from . import comfy_services as services
+    from .tiny_model import ensure_tiny_model
+    from .workflow_runner import apply_overrides, load_workflow
+
+    out_dir = os.path.abspath(args.out_dir or "output")
+    os.environ["COMFYUI_H3_OUTPUT"] = out_dir
+    os.environ.setdefault("COMFYUI_H3_INPUT", os.path.join(out_dir, "demo_inputs"))
+    print(f"tiny model: {ensure_tiny_model()}  (random weights: the videos are noise-like by design)")
+    _write_demo_inputs(services.input_directory())
+    made = []
+    for name in DEMO_WORKFLOWS:
+        prompt = load_workflow(workflows_dir() / f"{name}.api.json")
+        if args.steps:
+            prompt = apply_overrides(prompt, [f"{nid}.steps={args.steps}" for nid, n in prompt.items()
+                                              if n["class_type"] == "H3_Sample"])
+        print(f"== {name}", file=sys.stderr)
+        made += _run_local(prompt, out_dir)
+    for path in made:
+        print(path)
+    return 0
+
+
+def _write_demo_inputs(folder: str) -> None:
+    """Two small keyframes for the first/last-frame workflow (a gradient and its mirror)."""
+    import numpy as np
+    from PIL import Image
+
+    os.makedirs(folder, exist_ok=True)
+    y, x = np.mgrid[0:192, 0:336]
+    base = np.stack([x * 255 // 335, y * 255 // 191, (x + y) * 255 // 526], axis=-1).astype(np.uint8)
+    for name, pixels in (("h3_demo_first.png", base), ("h3_demo_last.png", base[:, ::-1, ::-1])):
+        path = os.path.join(folder, name)
+        if not os.path.exists(path):
+            Image.fromarray(np.ascontiguousarray(pixels)).save(path)
+
+
+def workflows_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "workflows", here / "workflows"):
+        if candidate.is_dir():
+            return candidate
+    import comfyui_h3.workflows as packaged  # installed wheel: package data
+
+    return Path(packaged.__path__[0])

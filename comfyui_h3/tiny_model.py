@@ -1,0 +1,38 @@
+"""The embedded tiny MiniMax-H3 set: built on first use into a cache folder (it makes noise-like video; it exists
+so the demo, the tests and the shipped workflows run anywhere without the 62 GB release)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+TINY_NAME = "tiny-h3 (built-in test model, makes noise)"
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("COMFYUI_H3_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "comfyui_h3")
+    return Path(root)
+
+
+def ensure_tiny_model(target: str | os.PathLike | None = None) -> Path:
+    """Path of the tiny set, building it if absent. Built in a temp folder beside the target and renamed into place,
+    so a crash never leaves a half-built model that later runs would trust."""
+    from .backend.models.tiny import make_tiny_h3
+
+    target = Path(target) if target else cache_dir() / "tiny-h3"
+    if (target / "model_index.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-h3-", dir=target.parent))
+    try:
+        built = make_tiny_h3(staging / "model", overwrite=True)
+        try:
+            os.rename(built, target)
+        except OSError:
+            if not (target / "model_index.json").is_file():  # lost a race to another builder: theirs is fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,64 @@
+"""H3 Model Loader: picks a MiniMax-H3 folder and how to run it; returns an engine handle (nothing loads yet:
+the first H3 Sample that uses it starts the workers, and they persist across prompts)."""
+
+from __future__ import annotations
+
+from .. import comfy_services as services
+from ..backend.engine_config import DTYPES, EngineConfig
+from ..tiny_model import TINY_NAME, ensure_tiny_model
+from ..types import H3EngineHandle
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class H3ModelLoader:
+    CATEGORY = "H3"
+    FUNCTION = "load"
+    RETURN_TYPES = ("H3_ENGINE",)
+    RETURN_NAMES = ("engine",)
+    DESCRIPTION = "Choose a MiniMax-H3 model folder and the device/precision to run it on."
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        services.register_h3_model_folder()
+        return {
+            "required": {
+                "model": ([TINY_NAME] + services.h3_model_dirs(), {
+                    "tooltip": "A MiniMax-H3 diffusers folder under models/minimax_h3, models/diffusers or "
+                               "models/diffusion_models (extra_model_paths.yaml included). The built-in tiny model "
+                               "runs anywhere but makes noise-like video."}),
+                "device": (["auto", "cuda", "cpu"], {
+                    "default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),
+                "dtype": (list(DTYPES), {
+                    "default": "bfloat16",
+                    "tooltip": "Compute precision of the transformer and text encoder. The checkpoint's float32 "
+                               "layers stay float32. bfloat16 is what the model was released in."}),
+                "attention": (["sdpa", "math"], {
+                    "default": "sdpa", "tooltip": "Attention kernel: sdpa (cuDNN first on GPUs) or math (slow, "
+                                                  "exact reference, for checking)."}),
+            }
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, model, device, dtype, attention):
+        if device == "cuda" and not _cuda_available():
+            return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
+        return True
+
+    def load(self, model, device, dtype, attention):
+        if model == TINY_NAME:
+            path = str(ensure_tiny_model())
+        else:
+            path = services.resolve_h3_model(model)
+        if device == "auto":
+            device = "cuda" if _cuda_available() else "cpu"
+        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention)
+        config.validate()
+        return (H3EngineHandle(config),)

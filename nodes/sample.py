@@ -1,0 +1,129 @@
+"""H3 Sample: text (+ optional keyframes or references) -> video with its soundtrack.
+
+The task follows what is connected: nothing -> t2va; first and/or last frame -> fl2va; reference images / video /
+audio -> ref2va (against the transformer_ref partition)."""
+
+from __future__ import annotations
+
+from .. import comfy_services as services
+from ..backend.engine import EngineCancelled, EngineError
+from ..backend.pipelines.h3.geometry import FPS, MAX_SECONDS, MIN_SECONDS, RequestError, resolve_geometry
+from ..backend.pipelines.h3.request import H3Request
+from ..types import H3Latents
+from ..video_types import H3Video
+from .adapters import build_references, single_image, waveform_to_audio
+
+MAX_SEED = 2**64 - 1
+
+
+def seconds_to_frames(seconds: float) -> int:
+    return int(round(seconds * FPS))
+
+
+class H3Sample:
+    CATEGORY = "H3"
+    FUNCTION = "sample"
+    RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
+    RETURN_NAMES = ("video", "audio", "latents")
+    DESCRIPTION = ("Generate a video with sound with MiniMax-H3. Connect a first/last frame for keyframe-to-video, "
+                   "or reference images/video/audio for reference-to-video.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "engine": ("H3_ENGINE", {"tooltip": "From H3 Model Loader."}),
+                "prompt": ("STRING", {"multiline": True, "default": "",
+                                      "tooltip": "What happens, what it sounds like. Required."}),
+                "seconds": ("FLOAT", {"default": 5.0, "min": MIN_SECONDS, "max": MAX_SECONDS, "step": 0.5,
+                                      "tooltip": "Duration at 24 fps. Frame counts snap up to 17n+5 (5 s = 124 "
+                                                 "frames); the snapped length must stay within 5-15 s."}),
+                "width": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32,
+                                  "tooltip": "Multiple of 32; 0 with height 0 = automatic (first keyframe's "
+                                             "aspect, else 16:9 at 768 short edge)."}),
+                "height": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32,
+                                   "tooltip": "Multiple of 32; 0 with width 0 = automatic."}),
+                "steps": ("INT", {"default": 50, "min": 1, "max": 200,
+                                  "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
+                "video_shift": ("FLOAT", {"default": 12.0, "min": 0.1, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the video schedule (release: 12)."}),
+                "audio_shift": ("FLOAT", {"default": 3.0, "min": 0.1, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the audio schedule (release: 3)."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
+                                 "tooltip": "Same seed, same inputs -> same result (matches the diffusers reference "
+                                            "with torch.Generator('cpu').manual_seed(seed))."}),
+            },
+            "optional": {
+                "first_frame": ("IMAGE", {"tooltip": "Keyframe the video starts on (stretched onto the canvas)."}),
+                "last_frame": ("IMAGE", {"tooltip": "Keyframe the video ends on (cover-cropped if a first frame "
+                                                    "sets the canvas)."}),
+                "reference_images": ("IMAGE", {"tooltip": "Up to 9 reference images (a batch; order matters). "
+                                                          "Cannot be combined with first/last frame."}),
+                "reference_video": ("VIDEO", {"tooltip": "A reference video (its soundtrack counts as a reference "
+                                                         "too), read after the images."}),
+                "reference_audio": ("AUDIO", {"tooltip": "A reference soundtrack, read last; needs an image or "
+                                                         "video reference beside it."}),
+            },
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, prompt=None, seconds=None, width=None, height=None, **_):
+        # Checked at queue time so a bad request is refused before anything runs (inputs fed by links are None).
+        if isinstance(prompt, str) and not prompt.strip():
+            return "The prompt is empty: describe the video (and its sound)."
+        if isinstance(width, int) and isinstance(height, int):
+            if (width == 0) != (height == 0):
+                return "Set both width and height, or leave both at 0 (automatic)."
+            if width and height:
+                try:
+                    resolve_geometry(seconds_to_frames(seconds or MIN_SECONDS), height, width)
+                except RequestError as exc:
+                    return str(exc)
+        if isinstance(seconds, (int, float)):
+            try:
+                resolve_geometry(seconds_to_frames(seconds), 768, 1344)
+            except RequestError as exc:
+                return str(exc)
+        return True
+
+    def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
+               first_frame=None, last_frame=None, reference_images=None, reference_video=None,
+               reference_audio=None, unique_id=None):
+        request = H3Request(
+            prompt=prompt, num_frames=seconds_to_frames(seconds), width=width or None, height=height or None,
+            steps=steps, video_shift=video_shift, audio_shift=audio_shift, seed=seed,
+            first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
+            references=build_references(reference_images, reference_video, reference_audio),
+        )
+        result = run_engine(engine, request, steps, unique_id)
+        video = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
+        return (video, waveform_to_audio(result.audio, result.sample_rate),
+                H3Latents(result.video_latents, result.audio_latents, result.fps))
+
+
+def run_engine(handle, request, total_steps: int, node_id=None):
+    """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors."""
+    engine = handle.engine()
+    if not engine.started and handle.config.device.startswith("cuda"):
+        services.free_comfy_device_memory(handle.config.device)
+    reporter = services.ProgressReporter(total_steps, node_id=node_id, desc="H3 denoise")
+    stop = {"requested": False}
+
+    def progress(done, total):
+        try:
+            reporter.update_absolute(done, total)
+        except services.interrupt_exception_types():
+            stop["requested"] = True  # finish the step on the workers, then stop them cleanly
+
+    def should_cancel():
+        return stop["requested"] or services.interrupt_requested()
+
+    try:
+        return engine.generate(request, progress=progress, should_cancel=should_cancel)
+    except EngineCancelled:
+        raise services.interrupt_exception_types()[-1]("Stopped by the user.") from None
+    except RequestError as exc:
+        raise ValueError(str(exc)) from None
+    except EngineError as exc:
+        raise RuntimeError(f"MiniMax-H3 failed: {exc}") from None
