@@ -608,6 +608,8 @@ def resolve_h3_model(name_or_path: str, allow_explicit_path: bool = False,
             raise H3ModelNotFound(
                 f"{explicit} is not a MiniMax-H3 diffusers folder (needs model_index.json or modular_model_index.json "
                 f"and transformer/ or transformer_ref/)")
+        if os.path.isabs(os.path.expanduser(name)) and not os.path.exists(explicit):
+            raise H3ModelNotFound(f"MiniMax-H3 model folder not found: {explicit}")
 
     if os.path.isabs(name):
         if "\x00" in name:

@@ -47,7 +47,11 @@ class H3ModelLoader:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, model, device, dtype, attention):
+    def VALIDATE_INPUTS(cls, device):
+        # Names only `device`: ComfyUI skips its own combo check for the inputs named here, so model / dtype /
+        # attention stay checked against their lists at queue time.
+        if device not in ("auto", "cuda", "cpu"):
+            return f"device must be auto, cuda or cpu, got {device!r}."
         if device == "cuda" and not _cuda_available():
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
         return True

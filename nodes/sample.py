@@ -6,7 +6,7 @@ audio -> ref2va (against the transformer_ref partition)."""
 from __future__ import annotations
 
 from .. import comfy_services as services
-from ..backend.engine import EngineCancelled, EngineError
+from ..backend.engine import EngineCancelled, EngineError, shutdown_all
 from ..backend.pipelines.h3.geometry import FPS, MAX_SECONDS, MIN_SECONDS, RequestError, resolve_geometry
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents
@@ -68,10 +68,17 @@ class H3Sample:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, prompt=None, seconds=None, width=None, height=None, **_):
+    def VALIDATE_INPUTS(cls, prompt=None, seconds=None, width=None, height=None):
         # Checked at queue time so a bad request is refused before anything runs (inputs fed by links are None).
+        # ComfyUI skips its own min/max checks for the inputs named here (for every input, steps and seed included,
+        # if this took **kwargs), so their ranges are checked here: width/height below, seconds by resolve_geometry.
         if isinstance(prompt, str) and not prompt.strip():
             return "The prompt is empty: describe the video (and its sound)."
+        declared = cls.INPUT_TYPES()["required"]
+        for name, value in (("width", width), ("height", height)):
+            low, high = declared[name][1]["min"], declared[name][1]["max"]
+            if isinstance(value, (int, float)) and not low <= value <= high:
+                return f"{name} must be between {low:g} and {high:g}, got {value:g}."
         if isinstance(width, int) and isinstance(height, int):
             if (width == 0) != (height == 0):
                 return "Set both width and height, or leave both at 0 (automatic)."
@@ -104,6 +111,7 @@ class H3Sample:
 
 def run_engine(handle, request, total_steps: int, node_id=None):
     """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors."""
+    services.register_free_memory_hook(shutdown_all)  # ComfyUI's Unload Models / POST /free stops the workers
     engine = handle.engine()
     if not engine.started and handle.config.device.startswith("cuda"):
         services.free_comfy_device_memory(handle.config.device)

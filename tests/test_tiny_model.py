@@ -169,6 +169,18 @@ def test_build_is_deterministic_and_overwrites(tiny_h3_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------------- diffusers
 
 
+@pytest.fixture
+def one_thread():
+    """Run tiny-model compute on one intra-op thread. The ops are far too small to gain from a second thread, and on a
+    busy 2-core machine two spinning OpenMP threads were measured 10-20x slower than one."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def h3_pipe(tiny_h3_dir):
     from diffusers.utils import logging as diffusers_logging
@@ -217,7 +229,7 @@ def workflows():
 
 
 @pytest.mark.parametrize("workflow,inputs", list(workflows()), ids=[w[0] for w in workflows()])
-def test_diffusers_pipeline_end_to_end(h3_pipe, workflow, inputs):
+def test_diffusers_pipeline_end_to_end(h3_pipe, one_thread, workflow, inputs):
     out = h3_pipe(
         prompt="a cat",
         num_frames=124,  # 5 s at 24 fps, the minimum; already 17n+5 -> 5n+2 = 37 latent frames

@@ -28,8 +28,10 @@ depths, heads) is tiny; see the `TINY_*` dicts below for every value.
 Precision as released: the two transformer partitions store `proj_in`, `audio_proj_in`, `time_embedder`, `proj_out`,
 `audio_proj_out` in float32 and every other tensor in bfloat16 (each partition is sharded into several safetensors
 files plus `diffusion_pytorch_model.safetensors.index.json`); the text encoder is bfloat16; both VAEs are float32.
-Loading with `torch_dtype=torch.float32` upcasts everything; with bfloat16 the models' `_keep_in_fp32_modules` keep
-those modules in float32.
+`load_components(dtype=torch.float32)` upcasts everything (`torch_dtype=` still works but is deprecated); with
+bfloat16 the transformers' `_keep_in_fp32_modules` keep exactly those five modules in float32 (the audio VAE stays
+float32, the video VAE keeps its encoder and norms float32). With no dtype, diffusers loads its models in float32 and
+transformers loads the text encoder in bfloat16 (its stored dtype).
 
 Pipeline configs: the released resolutions would make a CPU run slow, so the tiny set stores smaller values of the
 modular pipeline's three config specs in `modular_model_index.json` (which `ModularPipeline.__init__` applies as the
@@ -39,6 +41,22 @@ generates 64x128 instead of 768x1344), and `reference_image_short_edge` 64 (a re
 ignores them); to change them on a loaded pipeline use `pipe.register_to_config(reference_image_short_edge=...)`.
 The Qwen3-VL image processor is limited to 32x32 .. 128x128 pixels (`size` shortest_edge 1024 / longest_edge 16384)
 so vision encoding stays cheap.
+
+Running diffusers' reference pipeline on it (CPU, about a second per request once loaded)::
+
+    pipe = diffusers.ModularPipeline.from_pretrained(str(path))       # -> MiniMaxH3ModularPipeline
+    pipe.load_components(dtype=torch.float32)                         # or from_pretrained(..., workflow="t2va")
+    out = pipe(prompt="a cat", num_frames=124, height=64, width=64, num_inference_steps=3,
+               generator=torch.Generator("cpu").manual_seed(0),
+               output=["latents", "audio_latents", "videos", "audio"])  # + image= (fl2va) / references= (ref2va)
+    out["latents"]        # (1, 24, 37, 4, 4): final video latents, normalised (before latents_std/mean)
+    out["audio_latents"]  # (2, 32, 207): final audio latents, one batch item per stereo channel, normalised
+
+To skip decoding: `blocks = diffusers.MiniMaxH3Blocks(); blocks.sub_blocks.pop("decode");
+pipe = blocks.init_pipeline(str(path))`, then the same call with `output=["latents", "audio_latents"]`.
+
+The tiny audio decoder's residual and output convolutions are damped after the random draw so that a decode does not
+saturate the decoder's final [-1, 1] clamp (see `_save_audio_vae`).
 
 Determinism: every component is built under its own fixed seed (`torch.manual_seed` before construction) and then
 every parameter is re-drawn from a `torch.Generator` with that seed, in `named_parameters()` order, so the set does
@@ -109,7 +127,13 @@ TINY_TRANSFORMER_CONFIG: dict[str, Any] = {
 }
 
 #: Modules the released transformer checkpoint stores in float32 (top-level name prefixes); all else is bfloat16.
-TRANSFORMER_FP32_PREFIXES: tuple[str, ...] = ("proj_in.", "audio_proj_in.", "time_embedder.", "proj_out.", "audio_proj_out.")
+TRANSFORMER_FP32_PREFIXES: tuple[str, ...] = (
+    "proj_in.",
+    "audio_proj_in.",
+    "time_embedder.",
+    "proj_out.",
+    "audio_proj_out.",
+)
 
 #: Shard size for the transformer partitions: small enough that each partition is written as several shards.
 TRANSFORMER_MAX_SHARD_BYTES = 100_000
@@ -413,7 +437,10 @@ def _build_processor(tokenizer):
     image_processor = Qwen2VLImageProcessor(**TINY_IMAGE_PROCESSOR)
     video_processor = Qwen3VLVideoProcessor(**TINY_VIDEO_PROCESSOR)
     return Qwen3VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor, chat_template=_CHAT_TEMPLATE
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=_CHAT_TEMPLATE,
     )
 
 
@@ -536,7 +563,10 @@ def _write_indexes(root: pathlib.Path) -> None:
         ]
     _write_json(root / "modular_model_index.json", modular)
 
+    # model_index.json: the classic index. diffusers 0.42.1 cannot load a modular pipeline from it alone (it finds no
+    # blocks for `MiniMaxH3ModularPipeline` there); it lists the components for tools that read the classic index.
     classic = {"_class_name": "MiniMaxH3ModularPipeline", "_diffusers_version": version}
+    classic.update(TINY_PIPELINE_CONFIG)
     classic.update({name: [library, class_name] for name, (library, class_name) in COMPONENTS.items()})
     _write_json(root / "model_index.json", classic)
 
@@ -569,12 +599,10 @@ def _quiet_saving():
 
 
 def _normalize_modes(root: pathlib.Path) -> None:
-    """Give the set ordinary permissions (the staging folder and some writers create owner-only files)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    root.chmod(0o777 & ~umask)
+    """Give the set ordinary read permissions (the staging folder and some writers create owner-only files)."""
+    root.chmod(0o755)
     for path in root.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def make_tiny_h3(out_dir: str | os.PathLike, *, overwrite: bool = False) -> pathlib.Path:
@@ -582,7 +610,9 @@ def make_tiny_h3(out_dir: str | os.PathLike, *, overwrite: bool = False) -> path
 
     The set is built in a temporary sibling folder and moved into place at the end, so `out_dir` never holds a
     half-written set. An existing non-empty `out_dir` raises `FileExistsError` unless `overwrite=True`, which
-    replaces it. The global torch RNG state is saved and restored around the build.
+    replaces it. The global torch RNG state and default dtype are saved and restored around the build. Needs
+    diffusers (>= 0.42.1, for the MiniMax-H3 classes), transformers (Qwen3-VL) and torchvision (the Qwen3-VL image and
+    video processors are torchvision-backed); no network access.
     """
     out = pathlib.Path(out_dir).expanduser().resolve()
     if out.exists():
@@ -592,9 +622,10 @@ def make_tiny_h3(out_dir: str | os.PathLike, *, overwrite: bool = False) -> path
             raise FileExistsError(f"{out} is not empty; pass overwrite=True to replace it.")
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    rng_state = torch.get_rng_state()
+    rng_state, default_dtype = torch.get_rng_state(), torch.get_default_dtype()
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        torch.set_default_dtype(torch.float32)  # the stored precisions must not follow a caller's default dtype
         with _quiet_saving():
             _build_into(staging)
         _normalize_modes(staging)
@@ -606,4 +637,5 @@ def make_tiny_h3(out_dir: str | os.PathLike, *, overwrite: bool = False) -> path
         raise
     finally:
         torch.set_rng_state(rng_state)
+        torch.set_default_dtype(default_dtype)
     return out

@@ -102,20 +102,23 @@ def video_to_24fps(frames: np.ndarray, fps: float) -> np.ndarray:
     return np.repeat(frames, np.diff(slots, append=math.floor(frames.shape[0] * scale + 0.5)), axis=0)
 
 
+def check_reference_counts(kinds: list[str]) -> None:
+    for kind, limit in (("image", MAX_IMAGES), ("video", MAX_VIDEOS), ("audio", MAX_AUDIOS)):
+        if kinds.count(kind) > limit:
+            raise RequestError(f"MiniMax-H3 accepts at most {limit} {kind} references, got {kinds.count(kind)}.")
+    if len(kinds) > MAX_REFERENCES:
+        raise RequestError(f"MiniMax-H3 accepts at most {MAX_REFERENCES} references in total, got {len(kinds)}.")
+    if kinds and set(kinds) == {"audio"}:
+        raise RequestError("Audio references need at least one image or video reference beside them.")
+
+
 def normalize_references(references: list, num_frames: int, multiple: int, image_short_edge: int,
                          audio_rate: int, canvas_short_edge: int = 768,
                          canvas_max_pixels: int = 768 * 1344) -> list[NormalizedReference]:
     """Validate counts and put every reference (conditioning.ReferenceInput) onto H3's rates, in request order."""
     if not references:
         raise RequestError("ref2va needs at least one reference.")
-    kinds = [r.kind for r in references]
-    for kind, limit in (("image", MAX_IMAGES), ("video", MAX_VIDEOS), ("audio", MAX_AUDIOS)):
-        if kinds.count(kind) > limit:
-            raise RequestError(f"MiniMax-H3 accepts at most {limit} {kind} references, got {kinds.count(kind)}.")
-    if len(kinds) > MAX_REFERENCES:
-        raise RequestError(f"MiniMax-H3 accepts at most {MAX_REFERENCES} references in total, got {len(kinds)}.")
-    if set(kinds) == {"audio"}:
-        raise RequestError("Audio references need at least one image or video reference beside them.")
+    check_reference_counts([r.kind for r in references])
     seconds = num_frames / FPS
     out = []
     for ref in references:

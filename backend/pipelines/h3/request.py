@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .geometry import FPS, RequestError
+from .geometry import FPS, RequestError, resolve_geometry
 
 
 @dataclass
@@ -61,6 +61,14 @@ class H3Request:
             raise RequestError("Shifts must be positive.")
         if not 0 <= self.seed < 2**64:
             raise RequestError(f"seed must be in [0, 2^64), got {self.seed}.")
+        # Early checks with the release's geometry; the worker re-checks against the loaded model's own factors.
+        resolve_geometry(self.num_frames, self.height or 768, self.width or 1344)
+        unknown = [r.kind for r in self.references if r.kind not in ("image", "video", "audio")]
+        if unknown:
+            raise RequestError(f"Reference kinds must be image, video or audio, got {unknown}.")
+        from .conditioning import check_reference_counts
+
+        check_reference_counts([r.kind for r in self.references])
 
 
 @dataclass

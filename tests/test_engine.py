@@ -1,0 +1,105 @@
+"""The engine's worker process: persistence, progress, Stop at a step boundary, errors that leave it usable, a dead
+worker replaced on next use, and ComfyUI's free-memory shutting it down."""
+
+import os
+import signal
+
+import pytest
+import torch
+
+from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError, get_engine, shutdown_all
+from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.geometry import RequestError
+from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+
+def small(**kw):
+    base = dict(prompt="a lighthouse in a storm", num_frames=124, steps=3, seed=5, width=64, height=64)
+    base.update(kw)
+    return H3Request(**base)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_h3_dir):
+    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", cpu_threads=1))
+    yield eng
+    eng.shutdown()
+
+
+def worker_pid(eng):
+    return eng._executor._procs[0].pid
+
+
+def test_generate_reports_progress_and_persists(engine):
+    seen = []
+    first = engine.generate(small(), progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+    assert first.frames.dtype == torch.uint8 and tuple(first.frames.shape) == (124, 64, 64, 3)
+    assert tuple(first.audio.shape) == (2, 207 * 800)
+    pid = worker_pid(engine)
+    again = engine.generate(small())
+    assert worker_pid(engine) == pid  # the model stayed loaded in the same worker
+    assert torch.equal(first.video_latents, again.video_latents)  # same seed, same result
+
+
+def test_bad_request_is_refused_before_the_worker(engine):
+    with pytest.raises(RequestError, match="prompt is empty"):
+        engine.generate(small(prompt="   "))
+    with pytest.raises(RequestError, match="5 to 15 s"):
+        engine.generate(small(num_frames=400))
+
+
+def test_worker_side_error_leaves_engine_usable(engine):
+    # A reference image outside 1:4..4:1 passes the driver's checks and fails inside the worker.
+    from PIL import Image
+
+    from comfyui_h3.backend.pipelines.h3.request import ReferenceInput
+
+    pid = worker_pid(engine)
+    with pytest.raises(RequestError, match="1:4 and 4:1"):
+        engine.generate(small(references=[ReferenceInput("image", image=Image.new("RGB", (200, 10)))]))
+    assert engine.generate(small(steps=1)).frames is not None
+    assert worker_pid(engine) == pid
+
+
+def test_stop_cancels_at_a_step_boundary(engine):
+    done = []
+    with pytest.raises(EngineCancelled):
+        engine.generate(small(steps=20), progress=lambda d, t: done.append(d), should_cancel=lambda: bool(done))
+    assert 1 <= len(done) < 20
+    assert engine.generate(small(steps=1)).frames is not None  # the next prompt works
+
+
+def test_dead_worker_becomes_an_error_and_is_replaced(engine):
+    engine.start()
+    pid = worker_pid(engine)
+
+    def kill_on_first_step(done, total):
+        os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(EngineError, match="died"):
+        engine.generate(small(steps=30), progress=kill_on_first_step)
+    result = engine.generate(small(steps=1))
+    assert result.frames is not None and worker_pid(engine) != pid
+
+
+def test_free_memory_shuts_workers_down_and_next_use_restarts(tiny_h3_dir):
+    cfg = EngineConfig(str(tiny_h3_dir), dtype="float32", cpu_threads=1, master_port=29601)
+    eng = get_engine(cfg)
+    assert get_engine(cfg) is eng
+    eng.generate(small(steps=1, decode=False))
+    assert eng.started
+    assert shutdown_all() == 1
+    assert not eng.started
+    assert eng.generate(small(steps=1, decode=False)).frames is None
+    eng.shutdown()
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        Engine(EngineConfig(str(tmp_path / "nope")))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    eng = Engine(EngineConfig(str(empty)))
+    with pytest.raises(EngineError, match="not a MiniMax-H3 diffusers folder"):
+        eng.generate(small())
