@@ -83,7 +83,10 @@ def _get_json(base: str, path: str):
 def _submit(base: str, prompt: dict, client_id: str) -> str:
     try:
         with _request(base, "/prompt", {"prompt": prompt, "client_id": client_id}, keep_http_error=True) as resp:
-            return json.loads(resp.read().decode("utf-8"))["prompt_id"]
+            reply = json.loads(resp.read().decode("utf-8"))
+        if reply.get("node_errors"):  # accepted, but some output nodes failed validation and will not run
+            _log("\n".join(["warning: ComfyUI skips the outputs that failed validation:"] + _node_error_lines(reply)))
+        return reply["prompt_id"]
     except urllib.error.HTTPError as exc:
         text = exc.read().decode("utf-8", "replace")
         try:
@@ -101,12 +104,16 @@ def format_prompt_errors(reply: dict) -> str:
     head = error.get("message", "error") if isinstance(error, dict) else str(error)
     if isinstance(error, dict) and error.get("details"):
         head += f": {error['details']}"
-    lines = [f"ComfyUI refused the workflow ({head})"]
+    return "\n".join([f"ComfyUI refused the workflow ({head})"] + _node_error_lines(reply))
+
+
+def _node_error_lines(reply: dict) -> list[str]:
+    lines = []
     for node_id, info in (reply.get("node_errors") or {}).items():
         for err in info.get("errors", []):
             detail = f" ({err['details']})" if err.get("details") else ""
             lines.append(f"  node {node_id} ({info.get('class_type', '?')}): {err.get('message', '?')}{detail}")
-    return "\n".join(lines)
+    return lines
 
 
 def _stop(base: str, prompt_id: str) -> None:
@@ -212,6 +219,8 @@ class _Watcher:
                 if node is None:
                     return  # finished (sent after the history is written)
                 _log(f"[{node}] {self.names.get(node, '?')}")
+            elif kind == "execution_cached" and data.get("nodes"):
+                _log("cached: " + ", ".join(f"[{n}] {self.names.get(n, '?')}" for n in data["nodes"]))
             elif kind == "progress":
                 _log(f"node {data.get('node')}: {data.get('value')}/{data.get('max')}")
             elif kind in ("execution_error", "execution_interrupted"):
@@ -222,6 +231,11 @@ class _Watcher:
     def close(self) -> None:
         if self.loop is None:
             return
+
+        import asyncio
+
+        for task in asyncio.all_tasks(self.loop):  # a receive left pending by Ctrl-C
+            task.cancel()
 
         async def shut():
             if self.ws is not None:
