@@ -1,0 +1,134 @@
+"""Our MiniMax-H3 block vs diffusers' MiniMaxH3TransformerBlock at the released size, same random bf16 weights,
+same inputs, one GPU. Default shape: 10 s at 1344x768 (243 frames -> 72 latent frames -> 72,576 video rows + 810
+audio rows + 502 text rows = 73,888 rows).
+
+    python bench/dit_block.py [--seconds 10] [--iters 5] [--compile] [--json OUT.json]
+
+Prints per-variant median ms, peak memory, and our/diffusers ratio; checks outputs agree (bf16 rel err).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from comfyui_h3.backend.attention.dispatch import get_attention  # noqa: E402
+from comfyui_h3.backend.models.h3_ops import RowSegments, rope_inv_freq, rope_tables  # noqa: E402
+from comfyui_h3.backend.models.h3_transformer import H3Block, H3TransformerConfig  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
+
+
+def timed(fn, iters: int, warmup: int = 2) -> tuple[float, float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--text", type=int, default=502)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    cfg = H3TransformerConfig()
+    geo = resolve_geometry(int(round(args.seconds * 24)), 768, 1344)
+    tags = torch.ones(args.text, dtype=torch.long)
+    layout = build_layout(tags, geo, cfg.patch_size)
+    ts, row_idx = row_timestep_plan(layout, 0.4, 0.6)
+    adaln_rows = row_idx * 3 + layout.token_tags
+    seq = layout.seq_len
+    print(f"shape: {args.seconds:g} s 1344x768 -> {seq} rows; heads 56x128; bf16; torch {torch.__version__}; "
+          f"{torch.cuda.get_device_name()}", flush=True)
+
+    torch.manual_seed(0)
+    ref = MiniMaxH3TransformerBlock(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.ffn_dim,
+                                    cfg.time_embed_dim, cfg.norm_eps, cfg.qk_norm_eps).to(dev, dtype).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.02)
+        for name, p in ref.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+    ours = H3Block(cfg).to(dev, dtype).eval()
+    ours.load_state_dict(ref.state_dict())
+    ours.attn.fuse_qkv()
+    n_params = sum(p.numel() for p in ref.parameters())
+
+    x = torch.randn(1, seq, cfg.hidden_size, device=dev, dtype=dtype)
+    temb = torch.randn(ts.numel(), cfg.time_embed_dim, device=dev, dtype=torch.float32)
+    cos, sin = rope_tables(layout.position_ids.to(dev), rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(dev))
+    adaln_dev = adaln_rows.to(dev)
+    segments = RowSegments.from_rows(adaln_rows)
+    attention = get_attention("sdpa")
+
+    @torch.no_grad()
+    def run_ref():
+        return ref(x, temb, adaln_dev, (cos, sin))
+
+    @torch.no_grad()
+    def run_ours():
+        return ours(x.clone(), ours.adaln_proj(temb), segments, (cos, sin), attention)
+
+    results = {}
+    want = run_ref()
+    got = run_ours()
+    err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    del want, got
+    results["diffusers_block_ms"], results["diffusers_peak_gib"] = timed(run_ref, args.iters)
+    results["ours_block_ms"], results["ours_peak_gib"] = timed(run_ours, args.iters)
+    if args.compile:
+        compiled = torch.compile(run_ours)
+        results["ours_compiled_ms"], results["ours_compiled_peak_gib"] = timed(compiled, args.iters, warmup=3)
+
+    # Floors at this shape: attention alone (cuDNN SDPA) and the block's GEMMs alone.
+    q = torch.randn(1, seq, 56, 128, device=dev, dtype=dtype)
+    results["sdpa_only_ms"], _ = timed(lambda: attention(q, q, q), args.iters)
+    w_qkv = ours.attn.qkv_weight
+    h = torch.randn(1, seq, cfg.hidden_size, device=dev, dtype=dtype)
+
+    def gemms():
+        torch.nn.functional.linear(h, w_qkv)
+        ours.attn.to_out[0](q.view(1, seq, 7168))
+        f = ours.ff.net[0].proj(h)
+        ours.ff.net[2](f[..., : cfg.ffn_dim])
+
+    results["gemms_only_ms"], _ = timed(gemms, args.iters)
+    results.update(rows=seq, block_params=n_params, bf16_rel_err_vs_diffusers=err,
+                   ratio_ours_over_diffusers=results["ours_block_ms"] / results["diffusers_block_ms"])
+    if args.compile:
+        results["ratio_compiled_over_diffusers"] = results["ours_compiled_ms"] / results["diffusers_block_ms"]
+    attn_flops = 4 * seq * seq * 56 * 128
+    results["sdpa_tflops"] = attn_flops / results["sdpa_only_ms"] / 1e9
+    for key, value in results.items():
+        print(f"{key}: {value:.4g}" if isinstance(value, float) else f"{key}: {value}", flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
