@@ -16,6 +16,7 @@ class EngineConfig:
     dtype: str = "bfloat16"  # DiT + text encoder compute dtype; float32 modules of the checkpoint stay float32
     vae_dtype: str = "float32"
     attention: str = "sdpa"
+    compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
     world_size: int = 1
     executor: str = "mp"
     cpu_threads: int = 0  # 0: torch default
@@ -30,6 +31,8 @@ class EngineConfig:
         if self.world_size != 1:
             raise ValueError("This version runs one worker (world_size 1); sequence parallelism comes with the "
                              "multi-GPU engine.")
+        if self.compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile must be 'auto', 'on' or 'off', got {self.compile!r}.")
         if self.executor != "mp":
             raise ValueError(f"Unknown executor {self.executor!r}; available: 'mp'.")
         if not os.path.isdir(self.model_dir):
@@ -48,6 +51,7 @@ class EngineConfig:
         options = EngineOptions(
             device=device, dtype=getattr(torch, self.dtype), vae_dtype=getattr(torch, self.vae_dtype),
             attention=self.attention,
+            compile_blocks=self.compile == "on" or (self.compile == "auto" and device.startswith("cuda")),
             reference_image_short_edge=self.reference_image_short_edge
             or settings.get("reference_image_short_edge", 2048),
             canvas_short_edge=settings.get("canvas_short_edge", 768),

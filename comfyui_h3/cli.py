@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="Override an input (VALUE parsed as JSON if it is JSON), repeatable.")
     r.add_argument("--server", help="Submit to a running ComfyUI at this URL instead (POST /prompt).")
     r.add_argument("--out-dir", default=None, help="Where outputs go (default: ComfyUI's or ./output).")
+    r.add_argument("--timeout", type=float, default=6 * 3600,
+                   help="With --server: seconds to wait for the workflow (default 6 h).")
 
     d = sub.add_parser("demo", help="Build the tiny model if needed and run the shipped workflows on it.")
     d.add_argument("--out-dir", default=None, help="Default: ./output")
@@ -97,7 +99,7 @@ def _run(args) -> int:
     if args.server:
         from .server_client import run_on_server
 
-        files = run_on_server(args.server, prompt, args.out_dir or "output")
+        files = run_on_server(args.server, prompt, args.out_dir or "output", timeout_s=args.timeout)
     else:
         files = _run_local(prompt, args.out_dir)
     for path in files:

@@ -184,7 +184,7 @@ class _Watcher:
         try:
             self.loop.run_until_complete(asyncio.wait_for(open_socket(), 10))
         except Exception as exc:  # noqa: BLE001 - any socket trouble: poll instead
-            _log(f"(websocket unavailable: {exc!r}; polling for the result)")
+            _log(f"(no websocket: {str(exc) or type(exc).__name__}; polling for the result)")
             self.close()
 
     def follow(self, prompt_id: str, deadline: float) -> None:
@@ -195,7 +195,7 @@ class _Watcher:
         except RuntimeError:
             raise
         except Exception as exc:  # noqa: BLE001 - socket dropped: poll instead
-            _log(f"(websocket lost: {exc!r}; polling for the result)")
+            _log(f"(websocket lost: {str(exc) or type(exc).__name__}; polling for the result)")
 
     async def _follow(self, prompt_id: str, deadline: float) -> None:
         import aiohttp

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import comfy_services as services
 from ..backend.engine import EngineCancelled, EngineError, shutdown_all
-from ..backend.pipelines.h3.geometry import FPS, MAX_SECONDS, MIN_SECONDS, RequestError, resolve_geometry
+from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds, resolve_geometry
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents
 from ..video_types import H3Video
@@ -17,7 +17,7 @@ MAX_SEED = 2**64 - 1
 
 
 def seconds_to_frames(seconds: float) -> int:
-    return int(round(seconds * FPS))
+    return frames_for_seconds(seconds)
 
 
 class H3Sample:
@@ -37,7 +37,8 @@ class H3Sample:
                                       "tooltip": "What happens, what it sounds like. Required."}),
                 "seconds": ("FLOAT", {"default": 5.0, "min": MIN_SECONDS, "max": MAX_SECONDS, "step": 0.5,
                                       "tooltip": "Duration at 24 fps. Frame counts snap up to 17n+5 (5 s = 124 "
-                                                 "frames); the snapped length must stay within 5-15 s."}),
+                                                 "frames); above 14.375 s the longest valid clip (345 frames) "
+                                                 "is made."}),
                 "width": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32,
                                   "tooltip": "Multiple of 32; 0 with height 0 = automatic (first keyframe's "
                                              "aspect, else 16:9 at 768 short edge)."}),

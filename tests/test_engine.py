@@ -103,3 +103,36 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
     eng = Engine(EngineConfig(str(empty)))
     with pytest.raises(EngineError, match="not a MiniMax-H3 diffusers folder"):
         eng.generate(small())
+
+
+def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
+    """A host killed with SIGKILL (no exit hooks) must not leave its worker and model behind."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys, time; sys.path.insert(0, %r)\n"
+        "from comfyui_h3.backend.engine import Engine\n"
+        "from comfyui_h3.backend.engine_config import EngineConfig\n"
+        "e = Engine(EngineConfig(%r, dtype='float32', master_port=29611)); e.start()\n"
+        "print(e._executor._procs[0].pid, flush=True); time.sleep(600)\n"
+    ) % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), str(tiny_h3_dir))
+    host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(host.stdout.readline())
+        host.kill()
+        host.wait(10)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            pytest.fail("the worker outlived its killed host")
+    finally:
+        if host.poll() is None:
+            host.kill()

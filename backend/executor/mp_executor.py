@@ -86,7 +86,7 @@ class MpExecutor:
             for rank in range(n):
                 commands = ctx.Queue()
                 proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
-                                   args=(rank, n, self.config, commands, self._events, self._cancel))
+                                   args=(rank, n, self.config, commands, self._events, self._cancel, os.getpid()))
                 proc.start()
                 self._procs.append(proc)
                 self._commands.append(commands)

@@ -11,7 +11,12 @@ import time
 import traceback
 
 
-def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event) -> None:
+PARENT_POLL_S = 1.0
+
+
+def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int) -> None:
+    import queue
+
     import torch
 
     from ..pipelines.h3.geometry import RequestError
@@ -32,8 +37,21 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
                           traceback.format_exc()))
         return
 
+    def orphaned() -> bool:
+        # A host killed without running its exit hooks (SIGKILL, a container stop) must not leave a 60 GB model
+        # resident: the worker notices its parent is gone and exits.
+        return os.getppid() != parent_pid
+
+    def should_stop() -> bool:
+        return cancel_event.is_set() or orphaned()
+
     while True:
-        msg = commands.get()
+        try:
+            msg = commands.get(timeout=PARENT_POLL_S)
+        except queue.Empty:
+            if orphaned():
+                break
+            continue
         if isinstance(msg, Shutdown):
             break
         if not isinstance(msg, Job):
@@ -42,7 +60,7 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
             result = pipeline.run(
                 msg.request,
                 on_step=lambda done, total, job=msg.job_id: events.put(Progress(job, done, total)),
-                should_stop=cancel_event.is_set,
+                should_stop=should_stop,
             )
             if rank == 0:
                 events.put(Done(msg.job_id, result))

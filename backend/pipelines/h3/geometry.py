@@ -47,6 +47,16 @@ def snap_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: 
     return num_frames + ((frames_per_chunk - remainder) % frames_per_chunk)
 
 
+def frames_for_seconds(seconds: float, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
+    """A duration in 5..15 s -> a valid frame count: snapped up to 17n+5, or, where that would pass 15 s (above
+    14.375 s), the longest valid count (345 frames). Durations outside 5..15 s are left for validation to refuse."""
+    frames = snap_frames(int(round(seconds * FPS)), frames_per_chunk, latents_per_chunk)
+    longest = snap_frames(int(MAX_SECONDS * FPS), frames_per_chunk, latents_per_chunk)
+    while longest > MAX_SECONDS * FPS:
+        longest -= frames_per_chunk
+    return longest if MIN_SECONDS <= seconds <= MAX_SECONDS and frames > longest else frames
+
+
 def latent_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
     if num_frames % frames_per_chunk != latents_per_chunk:
         raise RequestError(f"Frame count must be {frames_per_chunk}n+{latents_per_chunk}, got {num_frames}.")
