@@ -46,8 +46,16 @@ class Engine:
             if self._executor is not None:  # died since last use
                 self._executor.shutdown()
             executor = MpExecutor(self.config)
+
+            def check_stop():  # Stop during a (minutes-long) model load ends the load too
+                if should_cancel is not None and should_cancel():
+                    raise EngineCancelled("Stopped while the model was loading.")
+
             try:
-                executor.start()
+                executor.start(on_wait=check_stop)
+            except EngineCancelled:
+                executor.shutdown(timeout=2.0)
+                raise
             except WorkerFailed as exc:
                 raise EngineError(exc.failure.message) from None
             except WorkerDied as exc:
@@ -58,7 +66,7 @@ class Engine:
                  should_cancel: Callable[[], bool] | None = None):
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         with self._lock:
-            self.start()
+            self.start(should_cancel)
             runner = self._executor.run("h3", request, should_cancel)
             try:
                 while True:

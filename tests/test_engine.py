@@ -136,3 +136,12 @@ def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
     finally:
         if host.poll() is None:
             host.kill()
+
+
+def test_stop_during_model_load(tiny_h3_dir):
+    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", master_port=29621))
+    with pytest.raises(EngineCancelled, match="loading"):
+        eng.generate(small(steps=1), should_cancel=lambda: True)
+    assert not eng.started
+    assert eng.generate(small(steps=1, decode=False)).video_latents is not None
+    eng.shutdown()

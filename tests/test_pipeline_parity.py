@@ -76,6 +76,13 @@ def test_matches_reference(pipelines, name, ref_kwargs, our_kwargs):
     assert got.task == name.split("_")[0]
 
 
+def test_text_encoder_loads_only_the_layers_h3_reads(pipelines):
+    ours, _ = pipelines
+    model = ours.c.text.model
+    assert len(model.model.language_model.layers) == 50  # the tiny checkpoint has 52; layers 50, 51 never load
+    assert isinstance(model.lm_head, torch.nn.Identity)
+
+
 def test_keyframe_content_steers_the_result(pipelines):
     """The anchors reach the model: a different first frame with the same seed gives different latents."""
     ours, _ = pipelines

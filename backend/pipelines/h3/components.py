@@ -18,7 +18,7 @@ import torch
 from ...models.checkpoint import CheckpointError, find_shards
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from .conditioning import ConditionEncoder
-from .text import TextEncoder
+from .text import TEXT_LAYER, TextEncoder
 
 REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
 TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
@@ -40,11 +40,42 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
     return path.resolve()
 
 
-def _strict(kind: str, folder: Path, info: dict) -> None:
-    bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+def _strict(kind: str, folder: Path, info: dict, ignore=lambda key: False) -> None:
+    bad = {k: [key for key in v if not ignore(key)] for k, v in info.items()
+           if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+    bad = {k: v for k, v in bad.items() if v}
     if bad:
         detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:5]))}" for k, v in bad.items())
         raise CheckpointError(f"{kind} weights in {folder} do not match its config ({detail})")
+
+
+def load_text_encoder(folder: Path, dtype: torch.dtype):
+    """Qwen3-VL with only the decoder layers H3 reads: hidden_states[50] is the output of layer 50, so layers 51..
+    and the LM head are never loaded (for the released 64-layer conditioner: ~14 of its 64 layers and a 0.8B-param
+    head, ~15 GB in bf16). With the final norm made the identity, the truncated stack's hidden_states[50] equals the
+    full model's bit for bit (the pipeline parity tests run through this path)."""
+    import re
+
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(folder)
+    layers = config.text_config.num_hidden_layers
+    if layers <= TEXT_LAYER:
+        raise CheckpointError(f"MiniMax-H3 reads hidden_states[{TEXT_LAYER}] of Qwen3-VL; {folder} has only {layers} "
+                              "decoder layers.")
+    config.text_config.num_hidden_layers = TEXT_LAYER
+    model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+        folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True)
+    dropped = re.compile(r"(^|\.)layers\.(\d+)\.")
+
+    def beyond(key: str) -> bool:
+        match = dropped.search(key)
+        return bool(match) and "language_model" in key and int(match.group(2)) >= TEXT_LAYER
+
+    _strict("text_encoder", folder, info, ignore=beyond)
+    model.model.language_model.norm = torch.nn.Identity()
+    model.lm_head = torch.nn.Identity()
+    return model
 
 
 @dataclass
@@ -62,7 +93,7 @@ class EngineOptions:
 class H3Components:
     def __init__(self, folder: str | os.PathLike, options: EngineOptions):
         from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
-        from transformers import AutoProcessor, AutoTokenizer, Qwen3VLForConditionalGeneration
+        from transformers import AutoProcessor, AutoTokenizer
 
         self.folder = check_model_folder(folder)
         self.options = options
@@ -74,9 +105,7 @@ class H3Components:
         self.audio_vae, info = AutoencoderKLMiniMaxH3Audio.from_pretrained(
             f / "audio_vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
         _strict("audio_vae", f / "audio_vae", info)
-        text_model, info = Qwen3VLForConditionalGeneration.from_pretrained(
-            f / "text_encoder", dtype=options.dtype, use_safetensors=True, output_loading_info=True)
-        _strict("text_encoder", f / "text_encoder", info)
+        text_model = load_text_encoder(f / "text_encoder", options.dtype)
         self.vae.to(self.device).eval().requires_grad_(False)
         self.audio_vae.to(self.device).eval().requires_grad_(False)
         text_model.to(self.device).eval().requires_grad_(False)

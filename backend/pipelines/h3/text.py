@@ -62,7 +62,7 @@ class TextEncoder:
 
     def __init__(self, model, tokenizer, processor, device, dtype):
         layers = model.config.text_config.num_hidden_layers
-        if layers <= TEXT_LAYER:
+        if layers < TEXT_LAYER:
             raise ValueError(f"MiniMax-H3 reads hidden_states[{TEXT_LAYER}] of Qwen3-VL; this text encoder has only "
                              f"{layers} decoder layers.")
         self.model, self.tok, self.processor = model, tokenizer, processor
