@@ -7,30 +7,24 @@ import signal
 import sys
 from pathlib import Path
 
-IMAGE_EXT = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
 AUDIO_EXT = (".wav", ".flac", ".mp3", ".m4a", ".aac", ".ogg", ".opus")
 
 
 def _open_image(path: str):
-    from PIL import Image, ImageOps, UnidentifiedImageError
+    from .backend.media.images import open_rgb_image
 
-    try:
-        with Image.open(path) as img:
-            return ImageOps.exif_transpose(img).convert("RGB")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"Image not found: {path}") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"Cannot read image {path}: {exc}") from None
+    return open_rgb_image(path)
 
 
 def reference_from_file(path: str):
     from .backend.media.decode import decode_audio, decode_video
+    from .backend.media.images import IMAGE_EXTENSIONS
     from .backend.pipelines.h3.request import ReferenceInput
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Reference file not found: {path}")
     ext = Path(path).suffix.lower()
-    if ext in IMAGE_EXT:
+    if ext in IMAGE_EXTENSIONS:
         return ReferenceInput("image", image=_open_image(path))
     if ext in AUDIO_EXT:
         wave, rate = decode_audio(path)

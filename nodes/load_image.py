@@ -7,11 +7,9 @@ import os
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
 
 from .. import comfy_services as services
-
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+from ..backend.media.images import IMAGE_EXTENSIONS, open_rgb_image
 
 
 def _input_images() -> list[str]:
@@ -24,11 +22,7 @@ def _input_images() -> list[str]:
 
 def read_image(path: str) -> torch.Tensor:
     """File -> IMAGE [1, H, W, 3] float 0..1 (EXIF orientation applied)."""
-    try:
-        with Image.open(path) as img:
-            rgb = ImageOps.exif_transpose(img).convert("RGB")
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"Cannot read image {os.path.basename(path)}: {exc}") from None
+    rgb = open_rgb_image(path)
     return torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0)[None]
 
 

@@ -1,6 +1,6 @@
 """comfyui_h3.comfy_services: headless fallbacks, and the ComfyUI paths through fake ComfyUI modules.
 
-The module is loaded from its file (a fresh copy per test, so module-level state never leaks between tests); the fake
+The package is loaded from its folder (a fresh copy per test, so module-level state never leaks between tests); the fake
 ComfyUI modules are put into sys.modules with monkeypatch, which is exactly how the adapters find a running ComfyUI.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SERVICES_PY = Path(__file__).resolve().parents[1] / "comfyui_h3" / "comfy_services.py"
+SERVICES_DIR = Path(__file__).resolve().parents[1] / "comfyui_h3" / "comfy_services"
 COMFY_MODULES = ("comfy", "comfy.utils", "comfy.model_management", "comfy_execution", "comfy_execution.utils",
                  "folder_paths")
 _copies = 0
@@ -25,8 +25,10 @@ def load_services():
     global _copies
     _copies += 1
     name = f"_h3_comfy_services_under_test_{_copies}"
-    spec = importlib.util.spec_from_file_location(name, SERVICES_PY)
+    spec = importlib.util.spec_from_file_location(name, SERVICES_DIR / "__init__.py",
+                                                  submodule_search_locations=[str(SERVICES_DIR)])
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the package's modules import each other relatively, under this unique name
     spec.loader.exec_module(module)
     return module
 

@@ -180,17 +180,14 @@ class H3AdaLNProjection(nn.Module):
         return table.view(-1, 6 * self.hidden).chunk(6, dim=-1)
 
 
-class H3Block(nn.Module):
+class H3Block(H3RefinerBlock):
+    """The refiner block's layers plus the per-block AdaLN projection, with rotary attention."""
+
     def __init__(self, cfg: H3TransformerConfig):
-        super().__init__()
-        self.eps = cfg.norm_eps
-        self.norm1 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.attn = H3Attention(cfg.hidden_size, cfg.num_attention_heads, cfg.attention_head_dim, cfg.qk_norm_eps)
-        self.norm2 = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
-        self.ff = H3FeedForward(cfg.hidden_size, cfg.ffn_dim)
+        super().__init__(cfg)
         self.adaln_proj = H3AdaLNProjection(cfg.time_embed_dim, cfg.hidden_size)
 
-    def forward(
+    def forward(  # noqa: D102 - different signature from the refiner's on purpose
         self,
         x: torch.Tensor,
         modulation: tuple[torch.Tensor, ...],

@@ -1,0 +1,60 @@
+"""Adapters to ComfyUI services, with a headless fallback.
+
+Everything the package needs from a running ComfyUI goes through this package: progress bars, the interrupt flag,
+freeing ComfyUI's device memory, the "free memory" / "Unload Models" hook, model folders, and the input/output
+directories. Nothing here imports ComfyUI at module import time, so the CLI, the tests and plain Python users can import
+it without ComfyUI on the path. Import from here (``from comfyui_h3 import comfy_services as services``); the modules
+below are the implementation:
+
+- ``_comfy``: lazy detection / import of ComfyUI modules, the ``COMFYUI_H3_COMFY`` mode (``auto``, ``import``, ``off``)
+- ``errors``: :class:`H3Interrupted`, :class:`UnsafePathError`, :class:`H3ModelNotFound`
+- ``progress``: :class:`ProgressReporter`
+- ``interrupt``: the interrupt flag
+- ``memory``: :func:`free_comfy_device_memory` and the free-memory hook
+- ``models``: model roots, discovery and :func:`resolve_h3_model`
+- ``paths``: input/output/temp directories and the safe resolvers
+
+Headless behaviour: progress lines on stderr, an interrupt flag that only :func:`request_interrupt` sets, model roots
+from ``COMFYUI_H3_MODELS`` (``os.pathsep``-separated), ``./output`` and ``./input`` (or ``COMFYUI_H3_OUTPUT`` /
+``COMFYUI_H3_INPUT``) as the output and input directories.
+"""
+
+from __future__ import annotations
+
+from ._comfy import ENV_MODE, comfy_available
+from .errors import H3Interrupted, H3ModelNotFound, UnsafePathError
+from .interrupt import (clear_interrupt, interrupt_exception_types, interrupt_requested, raise_if_interrupted,
+                        request_interrupt)
+from .memory import ensure_free_memory_hook, free_comfy_device_memory, log, register_free_memory_hook
+from .models import (ENV_MODELS, H3_EXTRA_FOLDER_TYPES, H3_FOLDER_TYPE, MODEL_SCAN_DEPTH, h3_model_dirs,
+                     h3_model_roots, is_h3_model_dir, register_h3_model_folder, resolve_h3_model)
+from .paths import (ENV_INPUT, ENV_OUTPUT, input_directory, output_directory, resolve_in_directory,
+                    resolve_input_path, resolve_output_path, temp_directory)
+from .progress import ProgressReporter
+
+__all__ = [
+    "H3Interrupted",
+    "UnsafePathError",
+    "H3ModelNotFound",
+    "comfy_available",
+    "ProgressReporter",
+    "interrupt_requested",
+    "raise_if_interrupted",
+    "request_interrupt",
+    "clear_interrupt",
+    "interrupt_exception_types",
+    "free_comfy_device_memory",
+    "register_free_memory_hook",
+    "ensure_free_memory_hook",
+    "register_h3_model_folder",
+    "h3_model_roots",
+    "h3_model_dirs",
+    "is_h3_model_dir",
+    "resolve_h3_model",
+    "output_directory",
+    "input_directory",
+    "temp_directory",
+    "resolve_in_directory",
+    "resolve_output_path",
+    "resolve_input_path",
+]
