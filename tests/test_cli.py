@@ -54,6 +54,7 @@ def test_generate_matches_reference_seed_and_writes_mp4(tmp_path, tiny_h3_dir):
     (["--model", "/no/such/folder", "--prompt", "x"], "not found"),
     (["--prompt", "x", "--seconds", "20"], "5 to 15 s"),
     (["--prompt", "x", "--width", "1000", "--height", "768"], "multiples of 32"),
+    (["--prompt", "x", "--width", "2048", "--height", "256"], "aspect ratios"),
     (["--prompt", ""], "prompt is empty"),
     (["--prompt", "x", "--first-frame", "{bad}"], "Cannot read image"),
     (["--prompt", "x"] + ["--reference", "{img}"] * 10, "at most 9 image references"),
