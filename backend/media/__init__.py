@@ -3,7 +3,10 @@
 - frames.py: `video_to_uint8`, `iter_uint8_chunks` (float video -> uint8 [T, H, W, 3], chunked, same device),
   `uint8_to_image` (uint8 -> ComfyUI IMAGE float32). Needs torch only.
 - encode.py: `Mp4Writer` (H.264 + AAC, temp file + no-clobber publish), `next_free_path`, `as_fraction`. Needs PyAV.
-- decode.py: `decode_video` (frame_load_cap / skip_first_frames / select_every_nth / force_rate), `probe_video`.
+- decode.py: `decode_video` (frame_load_cap / skip_first_frames / select_every_nth / force_rate / max_seconds, VFR by
+  timestamps, rotation, resize), `plan_frames` + `decode_planned_frames` / `decode_planned_audio` (lazy decode),
+  `probe_video`.
+- resize.py: `plan_resize` / `apply_resize` / `resize_frames` (H3 canvas, multiple of 32, target; crop or pad).
 
 Names are resolved lazily, so a GPU worker that only converts frames never imports PyAV.
 """
@@ -14,6 +17,17 @@ _EXPORTS = {
     "DecodedVideo": "decode",
     "VideoInfo": "decode",
     "decode_video": "decode",
+    "FramePlan": "decode",
+    "plan_frames": "decode",
+    "decode_planned_frames": "decode",
+    "decode_planned_audio": "decode",
+    "ResizePlan": "resize",
+    "plan_resize": "resize",
+    "apply_resize": "resize",
+    "resize_frames": "resize",
+    "h3_canvas_size": "resize",
+    "RESIZE_MODES": "resize",
+    "FIT_MODES": "resize",
     "hold_counts": "decode",
     "probe_video": "decode",
     "AAC_SAMPLE_RATES": "encode",

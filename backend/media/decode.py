@@ -2,28 +2,42 @@
 
 Contracts of `DecodedVideo`:
 - frames: torch.uint8 `[T, H, W, 3]` RGB on the CPU (colour matrix and range taken from the stream's tags; untagged
-  streams read as BT.601 limited range, as ffmpeg does). Container rotation tags are not applied.
-- frame_rate: Fraction, the rate of the returned frames (force_rate if given, divided by select_every_nth).
-- audio: float32 `[channels, samples]` in -1..1 (first audio stream), or None; sample_rate: int or None.
+  streams read as BT.601 limited range, as ffmpeg does; 10/12-bit and 4:2:2/4:4:4 sources are converted to rgb24).
+  The display matrix (phone "rotate" metadata) is applied by default, so frames come out upright: a 1920x1080 stream
+  tagged 90 degrees decodes to 1080x1920 frames. An optional `ResizePlan` (resize.py) is applied frame by frame.
+- frame_rate: Fraction, the rate of the returned frames (the grid rate divided by select_every_nth): always constant.
+- audio: float32 `[channels, samples]` in -1..1 (first audio stream), or None; sample_rate: int or None. More than two
+  channels (5.1, 7.1) are downmixed to stereo by default (libswresample's matrix); mono stays mono. The audio is
+  aligned to the first output frame (leading silence is added when the audio starts later than the video).
+
+Frames are placed on a constant-rate grid by their timestamps (pts), not their indices, so variable-frame-rate files
+come out constant-rate and in sync. The grid rate is `force_rate` when given, else the stream's average rate.
+A demux-only pass (no decoding) reads every packet's pts first: that fixes the output frame count, size and duration
+before any frame is decoded (`plan_frames`), and lets the decode pass convert only the frames it keeps.
 
 Frame selection, in this order (the VideoHelperSuite convention):
-1. force_rate > 0: put the stream on a `force_rate` grid by holding frames, as the MiniMax-H3 reference does: source
-   frame i lands on slot floor(i * force_rate / src_rate + 1/2) and is held until the next frame's slot; the last one
-   until slot floor(N * force_rate / src_rate + 1/2). Computed exactly with Fractions (src_rate = the stream's
-   average rate), frame indices rather than timestamps (constant-frame-rate assumption).
-2. skip_first_frames: drop that many (resampled) frames.
+1. Grid: source frame i with presentation time t_i (seconds after the first frame) lands on slot
+   floor(t_i * rate + 1/2) and is held until the next frame's slot; the last one until its end time (pts + duration).
+   For a constant-rate file t_i = i / src_rate, which is the MiniMax-H3 reference's hold resample (`hold_counts`).
+   A slot that two frames both start in keeps the later frame (frames faster than the grid are dropped).
+2. skip_first_frames: drop that many (grid) frames.
 3. select_every_nth: keep every nth of the rest, starting with the first.
-4. frame_load_cap > 0: stop after that many frames.
+4. frame_load_cap > 0 and max_seconds > 0: stop after that many frames / that many seconds of output. Decoding (and
+   the pts pass) stop there too, so a 2-hour file capped at 10 s reads little more than 10 s of it.
 When any of them is active the audio is cut to the same time span: [skip / rate, (skip + kept * nth) / rate).
+
+Memory: frames are decoded straight into one preallocated uint8 buffer of the planned size (after resizing); audio is
+kept only inside the window it needs.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import av
 import numpy as np
@@ -31,6 +45,9 @@ import torch
 from av.video.reformatter import ColorRange, Colorspace
 
 from .encode import as_fraction
+from .resize import ResizePlan, apply_resize, plan_resize
+
+log = logging.getLogger(__name__)
 
 # AVColorSpace code -> swscale matrix for the YUV -> RGB conversion.
 _MATRICES = {
@@ -138,28 +155,175 @@ def hold_counts(num_frames: int, src_rate: Fraction, target_rate: Fraction) -> l
     return [b - a for a, b in zip(slots, slots[1:])]
 
 
-class _FrameBuffer:
-    """Growable uint8 [N, H, W, 3] buffer: one allocation in the common case, no list-then-stack double peak."""
+# -- plan: which source frame fills each output frame (demux only, no decoding) ----------------------------------------
+@dataclass
+class FramePlan:
+    """What `decode_planned_frames` will produce, known before decoding.
 
-    def __init__(self, capacity: int, height: int, width: int):
-        self.data = torch.empty((max(1, capacity), height, width, 3), dtype=torch.uint8)
-        self.size = 0
+    sources[k] = index (in presentation order) of the source frame shown as output frame k; pts_index maps a source
+    frame's pts to that index. start_time: the stream-timeline second of output frame 0 (audio is cut from there);
+    duration: seconds the output covers (frame_count * select_every_nth / grid rate)."""
 
-    def append(self, image: np.ndarray) -> None:
-        if self.size == self.data.shape[0]:
-            grown = torch.empty((max(2, self.size * 3 // 2),) + tuple(self.data.shape[1:]), dtype=torch.uint8)
-            grown[: self.size].copy_(self.data[: self.size])
-            self.data = grown
-        self.data[self.size].copy_(torch.from_numpy(image))
-        self.size += 1
+    sources: list[int]
+    pts_index: dict[int, int]
+    frame_rate: Fraction
+    grid_rate: Fraction
+    source_frame_rate: Fraction
+    width: int  # output size (after rotation and resize)
+    height: int
+    coded_width: int  # the stream's own size (frames are scaled to it before rotation)
+    coded_height: int
+    rotation: int  # counter-clockwise quarter turns applied to each frame (0..3)
+    resize: ResizePlan | None
+    start_time: float
+    duration: float
+    select_every_nth: int = 1
+    selecting: bool = False
+    metadata: dict = field(default_factory=dict)
+    has_audio: bool = False
 
-    def result(self) -> torch.Tensor:
-        if self.size == self.data.shape[0]:
-            return self.data
-        return self.data[: self.size].clone()  # give the spare capacity back
+    @property
+    def frame_count(self) -> int:
+        return len(self.sources)
 
 
-def _to_rgb(frame) -> np.ndarray:
+def _slot(offset_ticks: int, tb: Fraction, rate: Fraction) -> int:
+    """floor(offset_ticks * tb * rate + 1/2), in integers."""
+    num = offset_ticks * tb.numerator * rate.numerator
+    den = tb.denominator * rate.denominator
+    return (2 * num + den) // (2 * den)
+
+
+def _check_options(frame_load_cap, skip_first_frames, select_every_nth, force_rate, max_seconds):
+    if frame_load_cap < 0 or skip_first_frames < 0:
+        raise ValueError(
+            f"frame_load_cap and skip_first_frames must be >= 0, got {frame_load_cap} and {skip_first_frames}"
+        )
+    if select_every_nth < 1:
+        raise ValueError(f"select_every_nth must be >= 1, got {select_every_nth}")
+    if force_rate and force_rate < 0:
+        raise ValueError(f"force_rate must be >= 0 (0 keeps the file's rate), got {force_rate}")
+    if max_seconds and max_seconds < 0:
+        raise ValueError(f"max_seconds must be >= 0 (0 means no limit), got {max_seconds}")
+
+
+def plan_frames(
+    source: str | os.PathLike | BinaryIO,
+    frame_load_cap: int = 0,
+    skip_first_frames: int = 0,
+    select_every_nth: int = 1,
+    force_rate: float | Fraction = 0,
+    max_seconds: float = 0,
+    *,
+    resize: str = "none",
+    fit: str = "crop",
+    width: int = 0,
+    height: int = 0,
+    apply_rotation: bool = True,
+) -> FramePlan:
+    """Read packet timestamps (and decode the first frame for its rotation) and plan the output; see the module
+    docstring. Raises FileNotFoundError / ValueError like `decode_video`."""
+    cap, skip, nth = int(frame_load_cap), int(skip_first_frames), int(select_every_nth)
+    _check_options(cap, skip, nth, force_rate, max_seconds)
+    with _open(source) as container:
+        stream = _video_stream(container, source)
+        src_rate = _stream_rate(stream)
+        grid = as_fraction(force_rate) if force_rate else src_rate
+        limit = cap or None
+        if max_seconds:
+            by_time = max(1, math.floor(float(max_seconds) * float(grid) / nth + 1e-6))
+            limit = by_time if limit is None else min(limit, by_time)
+        tb = Fraction(stream.time_base) if stream.time_base else Fraction(1, 90000)
+        # the last grid position anyone needs, and a stream time past which no packet can matter (B-frame reorder
+        # spans far less than two seconds)
+        last_needed = None if limit is None else skip + (limit - 1) * nth
+        stop_ticks = None if last_needed is None else int((Fraction(last_needed + 1) / grid + 2) / tb)
+
+        rotation, first_size = 0, None
+        times: list[int] = []
+        durations: dict[int, int] = {}
+        t_min = None
+        try:
+            for packet in container.demux(stream):
+                if packet.size == 0 or packet.is_discard:
+                    continue
+                pts = packet.pts if packet.pts is not None else packet.dts
+                if pts is None:
+                    pts = (times[-1] + max(1, round(1 / (src_rate * tb)))) if times else 0
+                times.append(pts)
+                if packet.duration:
+                    durations[pts] = packet.duration
+                t_min = pts if t_min is None else min(t_min, pts)
+                if first_size is None:
+                    for frame in packet.decode():
+                        first_size = (frame.width, frame.height)
+                        rotation = frame.rotation if apply_rotation else 0
+                        break
+                order = packet.dts if packet.dts is not None else pts
+                if stop_ticks is not None and order - t_min > stop_ticks:
+                    break
+        except av.FFmpegError as error:
+            raise ValueError(f"cannot read {_describe(source)}: {error}") from error
+        if not times:
+            raise ValueError(f"{_describe(source)} has no video frames")
+        metadata = dict(container.metadata)
+        has_audio = bool(container.streams.audio)
+        coded = (stream.width or first_size[0], stream.height or first_size[1]) if first_size else (stream.width,
+                                                                                                 stream.height)
+    times = sorted(set(times))
+    t0 = times[0]
+    last = times[-1]
+    default_ticks = max(1, round(1 / (src_rate * tb)))
+    end = last + durations.get(last, default_ticks)
+    slots = [_slot(t - t0, tb, grid) for t in times] + [_slot(end - t0, tb, grid)]
+
+    sources: list[int] = []
+    for index in range(len(times)):
+        first, stop = max(slots[index], skip), slots[index + 1]
+        if first >= stop:
+            continue
+        # kept positions p >= skip with (p - skip) % nth == 0
+        p = first + (-(first - skip)) % nth
+        while p < stop:
+            if last_needed is not None and p > last_needed:
+                break
+            sources.append(index)
+            p += nth
+        if limit is not None and len(sources) >= limit:
+            del sources[limit:]
+            break
+    if not sources:
+        raise ValueError(
+            f"no frames left in {_describe(source)} after skip_first_frames={skip}, select_every_nth={nth}, "
+            f"force_rate={force_rate} (the file has {len(times)} frames, {float((end - t0) * tb):.3f} s)"
+        )
+    quarter = int(round(rotation / 90)) % 4
+    coded_w, coded_h = int(coded[0]), int(coded[1])
+    upright_w, upright_h = (coded_h, coded_w) if quarter % 2 else (coded_w, coded_h)
+    resize_plan = plan_resize(upright_w, upright_h, resize, fit, width, height)
+    out_w, out_h = (resize_plan.out_w, resize_plan.out_h) if resize_plan else (upright_w, upright_h)
+    return FramePlan(
+        sources=sources,
+        pts_index={t: i for i, t in enumerate(times)},
+        frame_rate=grid / nth,
+        grid_rate=grid,
+        source_frame_rate=src_rate,
+        width=out_w,
+        height=out_h,
+        coded_width=coded_w,
+        coded_height=coded_h,
+        rotation=quarter,
+        resize=resize_plan,
+        start_time=float(t0 * tb + Fraction(skip) / grid),
+        duration=float(Fraction(len(sources) * nth) / grid),
+        select_every_nth=nth,
+        selecting=bool(force_rate or skip or nth > 1 or cap or max_seconds),
+        metadata=metadata,
+        has_audio=has_audio,
+    )
+
+
+def _to_rgb(frame, width: int, height: int) -> np.ndarray:
     kwargs = {}
     if not frame.format.is_rgb and not frame.format.has_palette:
         kwargs["src_colorspace"] = _MATRICES.get(int(frame.colorspace), Colorspace.ITU601)
@@ -168,79 +332,141 @@ def _to_rgb(frame) -> np.ndarray:
             if int(frame.color_range) == _AVCOL_RANGE_JPEG or frame.format.name.startswith("yuvj")
             else ColorRange.MPEG
         )
+    if (frame.width, frame.height) != (width, height):  # a mid-stream size change: scale to the stream's size
+        kwargs.update(width=width, height=height)
     return frame.to_ndarray(format="rgb24", **kwargs)
 
 
-def _decode_frames(container, stream, source, rate, force_rate, skip, nth, cap):
-    scale = Fraction(force_rate) / rate if force_rate else Fraction(1)
-    half = Fraction(1, 2)
-
-    def slot(index: int) -> int:
-        return math.floor(index * scale + half) if force_rate else index
-
-    estimate = _estimated_count(container, stream, rate)
-    expected = max(0, math.ceil((math.floor(estimate * scale + half) - skip) / nth)) + 2
-    if cap:
-        expected = min(expected, cap)
-    buffer = _FrameBuffer(expected, stream.height, stream.width)
-    stream.thread_type = "AUTO"
-
-    index = 0  # source frame index
-    try:
-        for frame in container.decode(stream):
-            first, end = slot(index), slot(index + 1)
-            index += 1
-            # output positions this frame fills: first .. end-1; keep p >= skip with (p - skip) % nth == 0
-            keep = [p for p in range(max(first, skip), end) if (p - skip) % nth == 0]
-            if not keep:
-                continue
-            image = _to_rgb(frame)
-            if image.shape[:2] != (stream.height, stream.width):
-                raise ValueError(
-                    f"frame {index - 1} of {_describe(source)} is {image.shape[1]}x{image.shape[0]}, "
-                    f"the stream says {stream.width}x{stream.height} (size changes are not supported)"
-                )
-            for _ in keep:
-                buffer.append(image)
-                if cap and buffer.size >= cap:
-                    return buffer.result()
-    except av.FFmpegError as error:
-        raise ValueError(f"cannot decode {_describe(source)} after {index} frames: {error}") from error
-    return buffer.result()
+def _frame_image(frame, plan: FramePlan) -> torch.Tensor:
+    image = _to_rgb(frame, plan.coded_width, plan.coded_height)
+    if plan.rotation:
+        image = np.rot90(image, plan.rotation)
+    image = apply_resize(np.ascontiguousarray(image), plan.resize)
+    return torch.from_numpy(np.ascontiguousarray(image))
 
 
-def _decode_audio(source, start_s: float | None, duration_s: float | None, target_rate: int | None):
+def decode_planned_frames(
+    source: str | os.PathLike | BinaryIO,
+    plan: FramePlan,
+    progress: Callable[[int, int], None] | None = None,
+) -> torch.Tensor:
+    """Decode the frames `plan` names into one uint8 `[plan.frame_count, H, W, 3]` buffer.
+
+    A source frame the decoder drops (a corrupt packet) is replaced by the next one it returns; frames missing at the
+    end (a truncated file) hold the last decoded one, with a warning, so the planned count and audio sync stand.
+    `progress(done, total)` is called after each stored frame (it may raise to cancel)."""
+    total = plan.frame_count
+    buffer = torch.empty((total, plan.height, plan.width, 3), dtype=torch.uint8)
+    done = 0
+    expected = 0  # index of the next source frame in presentation order
+    with _open(source) as container:
+        stream = _video_stream(container, source)
+        stream.thread_type = "AUTO"
+        try:
+            for frame in container.decode(stream):
+                index = plan.pts_index.get(frame.pts) if frame.pts is not None else None
+                if index is None or index < expected:
+                    index = expected
+                expected = index + 1
+                if plan.sources[done] > index:
+                    continue
+                image = _frame_image(frame, plan)
+                while done < total and plan.sources[done] <= index:
+                    buffer[done].copy_(image)
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                if done >= total:
+                    break
+        except av.FFmpegError as error:
+            if done == 0:
+                raise ValueError(f"cannot decode {_describe(source)}: {error}") from error
+            log.warning("decoding %s stopped after %d of %d frames: %s", _describe(source), done, total, error)
+    if done == 0:
+        raise ValueError(f"cannot decode any frame of {_describe(source)}")
+    if done < total:
+        log.warning("%s: only %d of %d planned frames decoded; holding the last one", _describe(source), done, total)
+        buffer[done:] = buffer[done - 1]
+    return buffer
+
+
+# -- audio -------------------------------------------------------------------------------------------------------------
+def _audio_layout(stream, stereo_downmix: bool) -> str:
+    channels = stream.channels or 2
+    if channels > 2:
+        return "stereo" if stereo_downmix else stream.layout.name
+    return "stereo" if channels == 2 else "mono"
+
+
+def _decode_audio(
+    source,
+    start_time: float | None,
+    duration_s: float | None,
+    target_rate: int | None,
+    stereo_downmix: bool = True,
+):
+    """The first audio stream from stream-time `start_time` (None: its own start) for `duration_s` seconds (None: to
+    its end), streamed: only the window is kept. Leading silence pads a window that starts before the audio does."""
     with _open(source) as container:
         if not container.streams.audio:
             return None, None
         stream = container.streams.audio[0]
         rate = int(target_rate or stream.sample_rate)
-        channels = stream.channels or 2
-        if channels > 2:
-            layout = stream.layout.name  # keep every channel; callers that need stereo downmix themselves
-        else:
-            layout = "stereo" if channels == 2 else "mono"
-        resampler = av.AudioResampler(format="fltp", layout=layout, rate=rate)
-        chunks = []
-        try:
-            for frame in container.decode(stream):
-                chunks.extend(f.to_ndarray() for f in resampler.resample(frame))
-            chunks.extend(f.to_ndarray() for f in resampler.resample(None))
-        except av.FFmpegError as error:
-            raise ValueError(f"cannot decode the audio of {_describe(source)}: {error}") from error
-        if not chunks:
-            return None, None
-        waveform = np.concatenate(chunks, axis=1).astype(np.float32, copy=False)
+        resampler = av.AudioResampler(format="fltp", layout=_audio_layout(stream, stereo_downmix), rate=rate)
+        declared = None
         # AAC pads its last frame; the stream's declared duration is the real length.
         if stream.duration is not None and stream.time_base:
             declared = int(round(float(stream.duration * stream.time_base) * rate))
-            if 0 < declared < waveform.shape[1]:
-                waveform = waveform[:, :declared]
-        if start_s is not None:
-            begin = int(round(start_s * rate))
-            end = waveform.shape[1] if duration_s is None else begin + int(round(duration_s * rate))
-            waveform = waveform[:, begin:end]
+        pieces: list[np.ndarray] = []
+        state = {"pos": 0, "begin": None, "end": None, "pad": 0}
+
+        def window(first_time: float) -> None:
+            begin = 0 if start_time is None else int(round((start_time - first_time) * rate))
+            end = None if duration_s is None else begin + int(round(duration_s * rate))
+            if declared and declared > 0 and (end is None or end > declared):
+                end = declared
+            state.update(begin=max(0, begin), end=end, pad=max(0, -begin))
+
+        def add(chunk: np.ndarray) -> None:
+            pos, n = state["pos"], chunk.shape[1]
+            lo = max(state["begin"], pos)
+            hi = pos + n if state["end"] is None else min(state["end"], pos + n)
+            if hi > lo:
+                pieces.append(chunk[:, lo - pos : hi - pos])
+            state["pos"] = pos + n
+
+        try:
+            for frame in container.decode(stream):
+                if state["begin"] is None:
+                    window(float(frame.time) if frame.time is not None else 0.0)
+                for out in resampler.resample(frame):
+                    add(out.to_ndarray())
+                if state["end"] is not None and state["pos"] >= state["end"]:
+                    break
+            else:
+                if state["begin"] is not None:
+                    for out in resampler.resample(None):
+                        add(out.to_ndarray())
+        except av.FFmpegError as error:
+            raise ValueError(f"cannot decode the audio of {_describe(source)}: {error}") from error
+        if state["begin"] is None:
+            return None, None
+        channels = len(resampler.layout.channels)
+        if state["pad"]:
+            pad = state["pad"] if state["end"] is None else min(state["pad"], state["end"] + state["pad"])
+            pieces.insert(0, np.zeros((channels, pad), dtype=np.float32))
+        if not pieces:
+            return torch.zeros((channels, 0), dtype=torch.float32), rate
+        waveform = np.concatenate(pieces, axis=1).astype(np.float32, copy=False)
         return torch.from_numpy(np.ascontiguousarray(waveform)), rate
+
+
+def decode_planned_audio(source, plan: FramePlan, sample_rate: int | None = None, stereo_downmix: bool = True):
+    """(float32 [C, S], rate) for the span `plan` covers (the whole track from the first frame when not selecting),
+    or (None, None) without an audio stream."""
+    return _decode_audio(
+        source, plan.start_time, plan.duration if plan.selecting else None, sample_rate, stereo_downmix
+    )
 
 
 def decode_video(
@@ -250,54 +476,37 @@ def decode_video(
     select_every_nth: int = 1,
     force_rate: float | Fraction = 0,
     *,
+    max_seconds: float = 0,
     load_audio: bool = True,
     audio_sample_rate: int | None = None,
+    stereo_downmix: bool = True,
+    apply_rotation: bool = True,
+    resize: str = "none",
+    fit: str = "crop",
+    width: int = 0,
+    height: int = 0,
 ) -> DecodedVideo:
     """Decode `source` (a path or a seekable binary file object); see the module docstring for the options.
 
-    `audio_sample_rate` resamples the soundtrack (libswresample); None keeps the file's rate.
-    Raises FileNotFoundError for a missing path, ValueError for an unreadable file, a file without a video stream,
-    or a selection that leaves no frames.
+    `audio_sample_rate` resamples the soundtrack (libswresample); None keeps the file's rate. `resize` / `fit` /
+    `width` / `height`: see resize.plan_resize. Raises FileNotFoundError for a missing path, ValueError for an
+    unreadable file, a file without a video stream, or a selection that leaves no frames.
     """
-    frame_load_cap, skip_first_frames, select_every_nth = int(frame_load_cap), int(skip_first_frames), int(
-        select_every_nth
+    plan = plan_frames(
+        source, frame_load_cap, skip_first_frames, select_every_nth, force_rate, max_seconds,
+        resize=resize, fit=fit, width=width, height=height, apply_rotation=apply_rotation,
     )
-    if frame_load_cap < 0 or skip_first_frames < 0:
-        raise ValueError(
-            f"frame_load_cap and skip_first_frames must be >= 0, got {frame_load_cap} and {skip_first_frames}"
-        )
-    if select_every_nth < 1:
-        raise ValueError(f"select_every_nth must be >= 1, got {select_every_nth}")
-    if force_rate and force_rate < 0:
-        raise ValueError(f"force_rate must be >= 0 (0 keeps the file's rate), got {force_rate}")
-    target = as_fraction(force_rate) if force_rate else None
-
-    with _open(source) as container:
-        stream = _video_stream(container, source)
-        src_rate = _stream_rate(stream)
-        metadata = dict(container.metadata)
-        frames = _decode_frames(
-            container, stream, source, src_rate, target, skip_first_frames, select_every_nth, frame_load_cap
-        )
-    if frames.shape[0] == 0:
-        raise ValueError(
-            f"no frames left in {_describe(source)} after skip_first_frames={skip_first_frames}, "
-            f"select_every_nth={select_every_nth}, force_rate={force_rate}"
-        )
-    base_rate = target or src_rate
+    frames = decode_planned_frames(source, plan)
     audio = sample_rate = None
     if load_audio:
-        selecting = bool(target or skip_first_frames or select_every_nth > 1 or frame_load_cap)
-        start = float(skip_first_frames / base_rate) if selecting else None
-        span = float(frames.shape[0] * select_every_nth / base_rate) if selecting else None
-        audio, sample_rate = _decode_audio(source, start, span, audio_sample_rate)
+        audio, sample_rate = decode_planned_audio(source, plan, audio_sample_rate, stereo_downmix)
     return DecodedVideo(
         frames=frames,
-        frame_rate=base_rate / select_every_nth,
+        frame_rate=plan.frame_rate,
         audio=audio,
         sample_rate=sample_rate,
-        source_frame_rate=src_rate,
-        metadata=metadata,
+        source_frame_rate=plan.source_frame_rate,
+        metadata=plan.metadata,
     )
 
 
