@@ -81,6 +81,10 @@ class Engine:
                     raise RequestError(failure.message) from None
                 if failure.kind == "cancelled":
                     raise EngineCancelled(failure.message) from None
+                if self.config.world_size > 1:
+                    # One rank failed mid-step: the others are blocked in a collective. Restart the group.
+                    self._executor.shutdown(timeout=2.0)
+                    self._executor = None
                 if failure.kind == "oom":
                     raise EngineOutOfMemory(failure.message) from None
                 raise EngineError(f"{failure.message}\n{failure.traceback}") from None

@@ -28,15 +28,38 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r} / {self.vae_dtype!r}.")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}.")
-        if self.world_size != 1:
-            raise ValueError("This version runs one worker (world_size 1); sequence parallelism comes with the "
-                             "multi-GPU engine.")
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}.")
         if self.compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {self.compile!r}.")
         if self.executor != "mp":
             raise ValueError(f"Unknown executor {self.executor!r}; available: 'mp'.")
         if not os.path.isdir(self.model_dir):
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {self.model_dir}")
+        self._check_heads_split()
+
+    def _check_heads_split(self) -> None:
+        """Ulysses splits attention heads over the ranks: refuse a degree that does not divide them, before any
+        weight moves (the release's 56 heads allow 1, 2, 4, 7, 8)."""
+        import json
+
+        for part in ("transformer", "transformer_ref"):
+            path = os.path.join(self.model_dir, part, "config.json")
+            if not os.path.isfile(path):
+                continue
+            with open(path, encoding="utf-8") as handle:
+                heads = int(json.load(handle).get("num_attention_heads", 56))
+            if heads % self.world_size:
+                ok = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 16]
+                raise ValueError(f"Sequence-parallel degree {self.world_size} does not divide the model's {heads} "
+                                 f"attention heads; use one of {ok}.")
+
+    def device_for(self, rank: int) -> str:
+        """'cpu' -> every rank on the CPU; 'cuda' -> cuda:rank; 'cuda:N' -> cuda:N+rank."""
+        if self.device == "cpu":
+            return "cpu"
+        base = int(self.device.split(":")[1]) if ":" in self.device else 0
+        return f"cuda:{base + rank}"
 
     def build_pipeline(self, rank: int):
         import torch
@@ -44,9 +67,7 @@ class EngineConfig:
         from .pipelines.h3.components import EngineOptions, H3Components, folder_settings
         from .pipelines.h3.pipeline import H3Pipeline
 
-        device = self.device
-        if device.startswith("cuda") and ":" not in device:
-            device = f"cuda:{rank}"
+        device = self.device_for(rank)
         settings = folder_settings(self.model_dir)
         options = EngineOptions(
             device=device, dtype=getattr(torch, self.dtype), vae_dtype=getattr(torch, self.vae_dtype),
@@ -57,4 +78,4 @@ class EngineConfig:
             canvas_short_edge=settings.get("canvas_short_edge", 768),
             canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
         )
-        return H3Pipeline(H3Components(self.model_dir, options))
+        return H3Pipeline(H3Components(self.model_dir, options), rank=rank, world=self.world_size)

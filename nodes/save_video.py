@@ -1,13 +1,20 @@
-"""H3 Save Video: VIDEO (+ optional AUDIO) -> H.264 + AAC MP4 in ComfyUI's output folder, never overwriting, shown
-in the node. Frames stream into the encoder in uint8 chunks; the file appears under its name only when complete."""
+"""H3 Save Video: VIDEO (ours or core's) or IMAGE + fps (+ optional AUDIO) -> a video file in ComfyUI's output folder,
+never overwriting, shown in the node. H.264 + AAC MP4 by default; H.265 (MP4), ProRes 422 HQ (MOV, for editors) and
+FFV1 (MKV, lossless RGB, for pipelines) where this PyAV build has them.
+
+Frames stream into a background encoder in uint8 chunks through two host buffers (backend.media.stream_writer):
+frames still on a GPU are quantised there and only uint8 crosses to the host; an IMAGE batch is quantised chunk by
+chunk, never as a whole uint8 copy. The file appears under its name only when complete."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from .. import comfy_services as services
-from ..backend.media.save import save_new_mp4
+from ..backend.media.encode import AAC_SAMPLE_RATES, CODECS, as_fraction, available_codecs, next_free_path
+from ..backend.media.stream_writer import StreamingVideoSaver
 from ..video_types import as_h3_video
 from .adapters import audio_to_waveform
 
@@ -19,42 +26,98 @@ class H3SaveVideo:
     FUNCTION = "save"
     OUTPUT_NODE = True
     RETURN_TYPES = ()
-    DESCRIPTION = "Save as MP4 (H.264 video, AAC 32 kHz stereo audio) into the output folder."
+    DESCRIPTION = ("Save a VIDEO, or an IMAGE batch at a frame rate, as MP4 (H.264 video, AAC stereo audio) into the "
+                   "output folder; other codecs are offered when this PyAV build has them.")
 
     @classmethod
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "video": ("VIDEO", {"tooltip": "The video to save (its own soundtrack is kept unless audio is "
-                                               "connected)."}),
                 "filename_prefix": ("STRING", {"default": "H3/h3",
                                                "tooltip": "Name under the output folder; a counter is appended "
                                                           "and existing files are never overwritten."}),
                 "crf": ("INT", {"default": 18, "min": 0, "max": 51,
-                                "tooltip": "H.264 quality: lower is better and bigger; 18 is visually lossless."}),
+                                "tooltip": "H.264 / H.265 quality: lower is better and bigger; 18 is visually "
+                                           "lossless. Ignored by ProRes and FFV1."}),
                 "preset": (PRESETS, {"default": "veryfast",
-                                     "tooltip": "x264 speed/size trade-off; faster presets encode faster, files "
-                                                "are bigger."}),
+                                     "tooltip": "x264 / x265 speed/size trade-off; faster presets encode faster, "
+                                                "files are bigger. Ignored by ProRes and FFV1."}),
             },
             "optional": {
+                "video": ("VIDEO", {"tooltip": "The video to save (its own soundtrack is kept unless audio is "
+                                               "connected). Connect this or images."}),
                 "audio": ("AUDIO", {"tooltip": "Soundtrack to use instead of the video's own."}),
+                "images": ("IMAGE", {"tooltip": "Frames to save instead of a VIDEO (IMAGE batch = frames, in "
+                                                "order), at the fps below."}),
+                "fps": ("FLOAT", {"default": 24.0, "min": 0.01, "max": 240.0, "step": 0.001,
+                                  "tooltip": "Frame rate for images; a connected video keeps its own rate."}),
+                "codec": (available_codecs(), {"default": "h264",
+                                               "tooltip": "h264: MP4, plays everywhere (and in the node). h265: "
+                                                          "MP4, smaller. prores: MOV 422 HQ 10-bit, for editors. "
+                                                          "ffv1: MKV, lossless RGB, for pipelines. Only MP4 "
+                                                          "previews in the browser."}),
             },
             "hidden": {"prompt": "PROMPT", "extra_pnginfo": "EXTRA_PNGINFO"},
         }
 
-    def save(self, video, filename_prefix, crf, preset, audio=None, prompt=None, extra_pnginfo=None):
-        clip = as_h3_video(video)
-        wave, rate = clip.audio, clip.sample_rate
+    def save(self, video=None, filename_prefix="H3/h3", crf=18, preset="veryfast", audio=None, images=None, fps=24.0,
+             codec="h264", prompt=None, extra_pnginfo=None):
+        # (Python argument order kept from the first release for positional callers; ComfyUI passes keywords.)
+        if video is None and images is None:
+            raise ValueError("H3 Save Video needs a video or images: connect the video input, or an IMAGE batch to "
+                             "images (with fps).")
+        if video is not None and images is not None:
+            raise ValueError("H3 Save Video got both video and images: connect one of them.")
+        if codec not in CODECS:
+            raise ValueError(f"Unknown codec {codec!r}; this build offers {available_codecs()}.")
+        if images is not None:
+            frames, rate = _image_frames(images), as_fraction(float(fps))
+            wave = sample_rate = None
+        else:
+            clip = as_h3_video(video)
+            frames, rate, wave, sample_rate = clip.frames, clip.frame_rate, clip.audio, clip.sample_rate
         override = audio_to_waveform(audio)
         if override is not None:
-            wave, rate = override
+            wave, sample_rate = override
         out_dir = services.output_directory()
-        path = save_new_mp4(out_dir, filename_prefix, clip.frames, clip.frame_rate, wave, rate, crf, preset,
-                            metadata=_metadata(prompt, extra_pnginfo))
+        path = save_streamed(out_dir, filename_prefix, frames, rate, wave, sample_rate, crf, preset, codec,
+                             metadata=_metadata(prompt, extra_pnginfo))
         rel = os.path.relpath(path, out_dir)
         subfolder, filename = os.path.split(rel)
         return {"ui": {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
                        "animated": (True,)}}
+
+
+def _image_frames(images):
+    """IMAGE [B, H, W, C] (C = 1, 3 or 4) -> a [B, H, W, 3] float view (alpha dropped, grey repeated); no copy of
+    the batch is made here: the saver quantises it chunk by chunk."""
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3, 4) or images.shape[0] < 1:
+        raise ValueError(f"images must be an IMAGE [frames, height, width, 1/3/4 channels], got {tuple(images.shape)}.")
+    if images.shape[-1] == 1:
+        return images.expand(-1, -1, -1, 3)
+    return images[..., :3]
+
+
+def save_streamed(out_dir, prefix, frames, fps, wave=None, rate=None, crf=18, preset="veryfast", codec="h264",
+                  metadata=None) -> str:
+    """frames: uint8 [T, H, W, 3] or float [T, H, W, 3] in 0..1, on any device -> a new file; returns its path.
+    Audio (float [C, S] at `rate`) is cut to the video's length and stored as AAC stereo."""
+    height, width = int(frames.shape[1]), int(frames.shape[2])
+    stream_rate = None
+    if wave is not None:
+        keep = math.ceil(int(frames.shape[0]) * int(rate) / as_fraction(fps))
+        wave = wave[:2, :keep]
+        stream_rate = int(rate) if int(rate) in AAC_SAMPLE_RATES else 48000
+    path = next_free_path(out_dir, prefix, CODECS[codec].ext)  # reserved with O_EXCL: concurrent saves never collide
+    saver = StreamingVideoSaver(path, width, height, fps, reserved=True, codec=codec, crf=crf, preset=preset,
+                                audio_sample_rate=stream_rate, metadata=metadata)
+    with saver:
+        saver.write(frames)
+        if wave is not None:
+            saver.write_audio(wave, sample_rate=int(rate))
+    return saver.path
 
 
 def _metadata(prompt, extra_pnginfo) -> dict:

@@ -11,6 +11,7 @@ import itertools
 import os
 import queue
 import sys
+import time
 import types
 from typing import Callable, Iterator
 
@@ -53,6 +54,14 @@ def _spawn_environment():
                 sys.path.remove(root)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _package_parent() -> str | None:
     import comfyui_h3
 
@@ -82,11 +91,13 @@ class MpExecutor:
         self._events = ctx.Queue()
         self._cancel = ctx.Event()
         n = self.config.world_size
+        port = _free_port() if n > 1 else 0
         with _spawn_environment():
             for rank in range(n):
                 commands = ctx.Queue()
                 proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
-                                   args=(rank, n, self.config, commands, self._events, self._cancel, os.getpid()))
+                                   args=(rank, n, self.config, commands, self._events, self._cancel, os.getpid(),
+                                         port))
                 proc.start()
                 self._procs.append(proc)
                 self._commands.append(commands)
@@ -129,7 +140,22 @@ class MpExecutor:
             elif isinstance(msg, Done) and msg.job_id == job.job_id:
                 return msg.result
             elif isinstance(msg, Failed) and msg.job_id == job.job_id:
+                self._raise_if_a_rank_died(msg)
                 raise WorkerFailed(msg)
+
+    def _raise_if_a_rank_died(self, failure: Failed, grace_s: float = 1.0) -> None:
+        """When one rank dies its peers fail in their next collective, often before the driver's next poll: name
+        the dead rank rather than the peer's transport error."""
+        if failure.kind != "error" or len(self._procs) < 2:
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            dead = [(rank, p.exitcode) for rank, p in enumerate(self._procs) if not p.is_alive()]
+            if dead:
+                self.shutdown(timeout=2.0)
+                raise WorkerDied(f"Worker rank(s) {[r for r, _ in dead]} died (exit codes {[c for _, c in dead]}); "
+                                 "the engine restarts on next use.")
+            time.sleep(0.05)
 
     def cancel(self) -> None:
         if self._cancel is not None:

@@ -14,7 +14,8 @@ import traceback
 PARENT_POLL_S = 1.0
 
 
-def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int) -> None:
+def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int,
+                master_port: int = 0) -> None:
     import queue
 
     import torch
@@ -29,7 +30,7 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
     try:
         t0 = time.perf_counter()
         if world_size > 1:
-            _init_process_group(rank, world_size, engine_config)
+            _init_process_group(rank, world_size, engine_config, master_port)
         pipeline = engine_config.build_pipeline(rank)
         events.put(Ready(rank, time.perf_counter() - t0, str(engine_config.device)))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the driver as a message
@@ -59,7 +60,8 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
         try:
             result = pipeline.run(
                 msg.request,
-                on_step=lambda done, total, job=msg.job_id: events.put(Progress(job, done, total)),
+                on_step=(lambda done, total, job=msg.job_id: events.put(Progress(job, done, total)))
+                if rank == 0 else None,
                 should_stop=should_stop,
             )
             if rank == 0:
@@ -80,13 +82,17 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
             dist.destroy_process_group()
 
 
-def _init_process_group(rank: int, world_size: int, cfg) -> None:
+def _init_process_group(rank: int, world_size: int, cfg, master_port: int) -> None:
+    import datetime
+
     import torch
     import torch.distributed as dist
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(cfg.master_port)
-    backend = "nccl" if str(cfg.device).startswith("cuda") else "gloo"
+    device = cfg.device_for(rank)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+        torch.cuda.set_device(torch.device(device))
+    # A rank that dies leaves the others blocked in a collective; the driver notices the death within a poll and
+    # kills the group, and the timeout bounds any hang the driver cannot see.
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{master_port or cfg.master_port}", rank=rank,
+                            world_size=world_size, timeout=datetime.timedelta(minutes=10))

@@ -11,6 +11,11 @@ File safety:
 - An exception inside the `with` block, or any error while closing, deletes the temporary file (and our placeholder):
   the final name never holds a partial video.
 
+Other codecs (`codec=`, see `CODECS` / `available_codecs()`): "h265" (libx265, yuv420p, MP4, tagged hvc1 so Apple
+players open it), "prores" (prores_ks 422 HQ, yuv422p10le, MOV; for editors), "ffv1" (FFV1, RGB (bgr0), MKV;
+bit-exact lossless RGB, for pipelines). CRF and preset apply to the x264 / x265 codecs only. Only MP4 H.264 / H.265
+play in a browser (ComfyUI's preview).
+
 Odd sizes: yuv420p needs even width and height. `odd_size="pad"` (default) repeats the last column / row, so the file
 is up to one pixel wider / taller than the frames (`coded_width`, `coded_height` say what was written);
 `"crop"` drops the last column / row; `"error"` raises ValueError.
@@ -23,6 +28,7 @@ import json
 import os
 import secrets
 from fractions import Fraction
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Mapping
 
 import av
@@ -35,6 +41,37 @@ _BT709 = 1
 _ODD_SIZE_MODES = ("pad", "crop", "error")
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 # Sample rates AAC (MPEG-4 audio sampling frequency index) can signal.
+
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One output choice: the FFmpeg encoder, the pixel format it gets, the container and its file extension."""
+
+    encoder: str
+    pix_fmt: str
+    container: str
+    ext: str
+    rate_control: bool  # takes crf + preset (x264 / x265)
+    yuv: bool  # BT.709 limited-range YCbCr (chroma subsampled: even sizes); else RGB, any size
+    options: tuple = ()
+    codec_tag: str | None = None
+
+
+CODECS = {
+    "h264": Codec("libx264", "yuv420p", "mp4", ".mp4", True, True),
+    "h265": Codec("libx265", "yuv420p", "mp4", ".mp4", True, True, (("x265-params", "log-level=error"),), "hvc1"),
+    "prores": Codec("prores_ks", "yuv422p10le", "mov", ".mov", False, True, (("profile", "3"),)),
+    "ffv1": Codec("ffv1", "bgr0", "matroska", ".mkv", False, False, (("level", "3"),)),
+}
+
+
+def available_codecs() -> list[str]:
+    """The keys of CODECS whose encoder this PyAV / FFmpeg build has (h264 first)."""
+    have = av.codecs_available
+    return [name for name, codec in CODECS.items() if codec.encoder in have]
+
+
 AAC_SAMPLE_RATES = (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000, 7350)
 
 
@@ -174,11 +211,19 @@ class Mp4Writer:
         odd_size: str = "pad",
         audio_bitrate: int = 128_000,
         reserved: bool = False,
+        codec: str = "h264",
     ):
         width, height = int(width), int(height)
+        if codec not in CODECS:
+            raise ValueError(f"codec must be one of {sorted(CODECS)}, got {codec!r}")
+        if CODECS[codec].encoder not in av.codecs_available:
+            raise ValueError(f"this PyAV build has no {CODECS[codec].encoder} encoder; available: {available_codecs()}")
+        self.codec = CODECS[codec]
+        if not self.codec.yuv:
+            odd_size = "keep"
         if width <= 0 or height <= 0:
             raise ValueError(f"width and height must be positive, got {width}x{height}")
-        if odd_size not in _ODD_SIZE_MODES:
+        if odd_size not in _ODD_SIZE_MODES + ("keep",):
             raise ValueError(f"odd_size must be one of {_ODD_SIZE_MODES}, got {odd_size!r}")
         if (width % 2 or height % 2) and odd_size == "error":
             raise ValueError(f"H.264 yuv420p needs an even width and height, got {width}x{height}")
@@ -198,7 +243,7 @@ class Mp4Writer:
 
         self.width, self.height = width, height
         self.odd_size = odd_size
-        round_even = (lambda n: n + n % 2) if odd_size == "pad" else (lambda n: n - n % 2)
+        round_even = {"pad": lambda n: n + n % 2, "crop": lambda n: n - n % 2, "keep": lambda n: n}[odd_size]
         self.coded_width, self.coded_height = round_even(width), round_even(height)
         self.fps = as_fraction(fps)
         self.audio_sample_rate = int(audio_sample_rate) if audio_sample_rate is not None else None
@@ -209,6 +254,7 @@ class Mp4Writer:
 
         self._reserved = bool(reserved)
         self._file_object = not isinstance(path, (str, os.PathLike))
+        self._movflags = self.codec.container in ("mp4", "mov")
         self.path: str | BinaryIO = path if self._file_object else os.path.abspath(os.fspath(path))
         self.temp_path: str | None = None
         self._container = None
@@ -224,7 +270,7 @@ class Mp4Writer:
     # -- setup ---------------------------------------------------------------------------------------------------------
     def _open(self, metadata, crf, preset, audio_bitrate) -> None:
         if self._file_object:
-            target, options = self.path, {"movflags": "use_metadata_tags"}
+            target, options = self.path, {"movflags": "use_metadata_tags"} if self._movflags else {}
         else:
             final = self.path
             if self._reserved:
@@ -233,21 +279,26 @@ class Mp4Writer:
             elif os.path.lexists(final):
                 raise _exists_error(final, " (did you reserve it with next_free_path? then pass reserved=True)")
             self.temp_path = _create_temp_beside(final)
-            target, options = self.temp_path, {"movflags": "faststart+use_metadata_tags"}
+            target = self.temp_path
+            options = {"movflags": "faststart+use_metadata_tags"} if self._movflags else {}
 
-        self._container = av.open(target, mode="w", format="mp4", options=options)
+        self._container = av.open(target, mode="w", format=self.codec.container, options=options)
         for key, value in (metadata or {}).items():
             self._container.metadata[str(key)] = value if isinstance(value, str) else json.dumps(value)
 
-        stream = self._container.add_stream(
-            "libx264", rate=self.fps, options={"crf": str(crf), "preset": str(preset)}
-        )
+        codec_options = dict(self.codec.options)
+        if self.codec.rate_control:
+            codec_options.update(crf=str(crf), preset=str(preset))
+        stream = self._container.add_stream(self.codec.encoder, rate=self.fps, options=codec_options)
         stream.width, stream.height = self.coded_width, self.coded_height
-        stream.pix_fmt = "yuv420p"
+        stream.pix_fmt = self.codec.pix_fmt
+        if self.codec.codec_tag:
+            stream.codec_tag = self.codec.codec_tag
         context = stream.codec_context
         context.time_base = 1 / self.fps
-        context.color_primaries = context.color_trc = context.colorspace = _BT709
-        context.color_range = ColorRange.MPEG
+        if self.codec.yuv:
+            context.color_primaries = context.color_trc = context.colorspace = _BT709
+            context.color_range = ColorRange.MPEG
         self._video_stream = stream
 
         if self.audio_sample_rate is not None:
@@ -288,14 +339,17 @@ class Mp4Writer:
             elif pad_h < 0 or pad_w < 0:
                 image = image[: self.coded_height, : self.coded_width]
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-            frame = self._reformatter.reformat(
-                frame,
-                format="yuv420p",
-                src_colorspace=Colorspace.ITU709,
-                dst_colorspace=Colorspace.ITU709,
-                src_color_range=ColorRange.JPEG,
-                dst_color_range=ColorRange.MPEG,
-            )
+            if self.codec.yuv:
+                frame = self._reformatter.reformat(
+                    frame,
+                    format=self.codec.pix_fmt,
+                    src_colorspace=Colorspace.ITU709,
+                    dst_colorspace=Colorspace.ITU709,
+                    src_color_range=ColorRange.JPEG,
+                    dst_color_range=ColorRange.MPEG,
+                )
+            else:
+                frame = self._reformatter.reformat(frame, format=self.codec.pix_fmt)
             frame.pts = self.frames_written
             frame.time_base = self._video_stream.codec_context.time_base
             self._mux(self._video_stream.encode(frame))

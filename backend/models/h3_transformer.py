@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..attention.dispatch import AttentionFn, get_attention
+from ..parallel.ulysses import ulysses_attention
 from .h3_ops import RowSegments, apply_rope_, rms_norm, rope_inv_freq, rope_tables, timestep_sinusoid
 
 MODALITY_COUNT = 3  # AdaLN table row = timestep_index * 3 + tag (0 video, 1 text, 2 audio): a checkpoint contract.
@@ -260,36 +261,53 @@ class H3Transformer(nn.Module):
         text_indices: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         segments: tuple[RowSegments, RowSegments] | None = None,
+        shard=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed: they depend only
-        on the layout and the step's timestep plan, not on the activations."""
+        """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed for the rows this
+        call owns (all rows, or the shard's when sequence-parallel): they depend only on the layout and the step's
+        timestep plan, not on the activations. `shard` (parallel.ulysses.SequenceShard): this rank embeds and runs
+        only its rows, attention goes through Ulysses all-to-all, and the 128-wide head outputs are gathered."""
         seq = position_ids.shape[0]
+        start, stop, local = (0, seq, seq) if shard is None else (shard.start, shard.valid_stop, shard.local_len)
+        adaln_rows = row_timestep_index.to(torch.long) * MODALITY_COUNT + token_tags.to(torch.long)
         if rope is None:
             rope = rope_tables(position_ids, self.rope_inv_freq)
+            if shard is not None:
+                rope = (shard.local(rope[0]), shard.local(rope[1]))
         if segments is None:
-            adaln_rows = row_timestep_index.to(torch.long) * MODALITY_COUNT + token_tags.to(torch.long)
-            segments = (RowSegments.from_rows(adaln_rows), RowSegments.from_rows(row_timestep_index))
+            rows = (adaln_rows, row_timestep_index) if shard is None else (shard.local(adaln_rows),
+                                                                           shard.local(row_timestep_index))
+            segments = (RowSegments.from_rows(rows[0]), RowSegments.from_rows(rows[1]))
         adaln_segments, out_segments = segments
+        attention = self.attention if shard is None else ulysses_attention(self.attention, shard)
 
         text = self.context_embedder(text_states.to(self.context_embedder.weight.dtype))
-        text = self.token_refiner(text, self.attention)
-        dtype = text.dtype
-        x = text.new_zeros((text.shape[0], seq, text.shape[-1]))
-        x[:, text_indices] = text
-        x[:, video_indices] = self.proj_in(video_rows.to(self.proj_in.weight.dtype)).to(dtype)
-        x[:, audio_indices] = self.audio_proj_in(audio_rows.to(self.audio_proj_in.weight.dtype)).to(dtype)
+        text = self.token_refiner(text, self.attention)  # text-only attention: every rank refines all of it
+        x = text.new_zeros((text.shape[0], local, text.shape[-1]))
+        for indices, rows, embed in ((text_indices, None, None), (video_indices, video_rows, self.proj_in),
+                                     (audio_indices, audio_rows, self.audio_proj_in)):
+            mine = (indices >= start) & (indices < stop) if shard is not None else None
+            where = indices if mine is None else indices[mine] - start
+            values = text if rows is None else embed(rows.to(embed.weight.dtype))
+            x[:, where] = (values if mine is None else values[:, mine]).to(x.dtype)
 
         temb = self.time_embedding(timesteps)
         for block in self.transformer_blocks:
-            x = block(x, block.adaln_proj(temb), adaln_segments, rope, self.attention)
+            x = block(x, block.adaln_proj(temb), adaln_segments, rope, attention)
 
         lin = self.norm_out.linear
         shift, scale = lin(torch.nn.functional.silu(temb).to(lin.weight.dtype)).chunk(2, dim=-1)
         x = out_segments.modulate_(rms_norm(x, self.norm_out.norm.weight, self.norm_out.norm.eps), scale, shift)
-        # Project only the rows each head returns: same per-row math as projecting all rows, far fewer FLOPs.
-        video = self.proj_out(x[:, video_indices].to(self.proj_out.weight.dtype))
-        audio = self.audio_proj_out(x[:, audio_indices].to(self.audio_proj_out.weight.dtype))
-        return video, audio
+        if shard is None:
+            # Project only the rows each head returns: same per-row math as projecting all rows, far fewer FLOPs.
+            video = self.proj_out(x[:, video_indices].to(self.proj_out.weight.dtype))
+            audio = self.audio_proj_out(x[:, audio_indices].to(self.audio_proj_out.weight.dtype))
+            return video, audio
+        x = x.to(self.proj_out.weight.dtype)
+        heads = torch.cat([self.proj_out(x), self.audio_proj_out(x).to(self.proj_out.weight.dtype)], dim=-1)
+        heads = shard.gather_rows(heads)  # [B, S, 96 + 32]
+        split = self.proj_out.out_features
+        return heads[:, video_indices, :split], heads[:, audio_indices, split:]
 
 
 def load_h3_transformer(

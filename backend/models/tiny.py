@@ -104,9 +104,10 @@ __all__ = [
 
 #: MiniMaxH3Transformer3DModel. Released: 56 heads x 128, hidden 5376, 50 layers, 2 refiner layers, ffn 14336,
 #: text_dim 5120, freq_dim 256, time MLP 5376 -> 2688, rope_freq_dim 16 (2*3*16 = 96 of 128 head channels rotated).
-#: Tiny keeps the shape relations: inner (2*32 = 64) > hidden (48), temb = hidden / 2, 2*3*4 = 24 of 32 rotated.
+#: Tiny keeps the shape relations: inner (4*32 = 128) > hidden (48), temb = hidden / 2, 2*3*4 = 24 of 32 rotated.
+#: 4 heads so sequence parallelism can be tested at degrees 1, 2 and 4.
 TINY_TRANSFORMER_CONFIG: dict[str, Any] = {
-    "num_attention_heads": 2,
+    "num_attention_heads": 4,
     "attention_head_dim": 32,
     "hidden_size": 48,
     "num_layers": 2,

@@ -26,6 +26,82 @@ def decode_video(vae, latents: torch.Tensor, device) -> torch.Tensor:
     return float_video_to_uint8((video * ps + pm).clamp(0, 1))
 
 
+def _pixels(vae, clip: torch.Tensor, device) -> torch.Tensor:
+    """One decoded clip [1, 3, t, H, W] (VAE space) -> uint8 frames [t, H, W, 3] on `device`."""
+    pm = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
+    ps = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
+    return float_video_to_uint8((clip.float() * ps + pm).clamp(0, 1))
+
+
+def can_stream_decode(vae) -> bool:
+    """True when the VAE exposes diffusers' clip-by-clip decode pieces (AutoencoderKLMiniMaxH3, diffusers 0.42)."""
+    return all(hasattr(vae, name) for name in ("_decode_clip", "_blend", "tokens_chunk_size", "token_overlap",
+                                                "frame_pre_padding", "frame_overlap", "temporal_compression_ratio"))
+
+
+@torch.no_grad()
+def iter_decode_video(vae, latents: torch.Tensor, device):
+    """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
+    yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
+
+    The released VAE decodes clip by clip (`tokens_chunk_size` latent frames + `token_overlap` look-ahead, a
+    non-causal ViT per clip) and cross-fades `frame_overlap` frames between neighbours; a clip's frames are final once
+    the next clip's head has been blended into its tail. This walks the same schedule as diffusers'
+    `AutoencoderKLMiniMaxH3._decode` (same clip inputs, same blend, same tail cut), so each chunk can go to the
+    encoder while the next clip decodes. A VAE without those pieces is decoded whole and yielded in one chunk.
+    """
+    cfg = vae.config
+    mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1, 1, 1)
+    x = (latents.to(device, torch.float32) * std + mean).to(vae.dtype)
+    if not can_stream_decode(vae) or x.shape[0] != 1:
+        yield _pixels(vae, vae.decode(x, return_dict=False)[0], device)
+        return
+    z = x.to(next(vae.post_quant_conv.parameters()).dtype)  # what decode() does before _decode()
+    size, drop, ratio = vae.tokens_chunk_size, int(cfg.token_drop), vae.temporal_compression_ratio
+    frames_per_clip = size * ratio
+    num_tokens = z.shape[2] + drop
+    pad_tokens = (-num_tokens) % size
+    num_clips = (num_tokens + pad_tokens) // size - int(drop > 0)
+    real_tokens = z.shape[2]
+    if pad_tokens:
+        z = torch.cat([z, z[:, :, -1:].repeat(1, 1, pad_tokens, 1, 1)], dim=2)
+    # Frames the padded tail produces and the output drops (the same count as diffusers' tail cut).
+    tail = cfg.clip_length % ratio
+    pad_frames = sum(tail if tail and (real_tokens + k) % size == 0 else ratio for k in range(pad_tokens))
+    pending: list[torch.Tensor] = []  # final chunks not yet yielded (held back only to cut the padded tail)
+    pending_frames = 0
+
+    def emit(chunk):
+        nonlocal pending_frames
+        pending.append(chunk)
+        pending_frames += chunk.shape[2]
+        while pending and pending_frames - pending[0].shape[2] >= pad_frames:
+            head = pending.pop(0)
+            pending_frames -= head.shape[2]
+            yield _pixels(vae, head, device)
+
+    overlap = None
+    for i in range(num_clips):
+        start = i * size
+        clip = vae._decode_clip(z[:, :, start:start + size + vae.token_overlap])
+        for j in range(int(drop > 0) + 1):
+            chunk = clip[:, :, j * frames_per_clip:(j + 1) * frames_per_clip][:, :, vae.frame_pre_padding:]
+            if j == 0:
+                if overlap is not None:
+                    chunk = vae._blend(overlap, chunk, vae.frame_overlap, dim=-3)
+                yield from emit(chunk)
+            else:
+                overlap = chunk
+    if overlap is not None:
+        yield from emit(overlap)
+    rest = torch.cat(pending, dim=2) if pending else None
+    if rest is not None:
+        keep = rest.shape[2] - pad_frames
+        if keep > 0:
+            yield _pixels(vae, rest[:, :, :keep], device)
+
+
 @torch.no_grad()
 def decode_audio(audio_vae, latents: torch.Tensor, device) -> torch.Tensor:
     """Normalised audio latents [2, 32, Ta] -> waveform [2, N] float32 on CPU."""

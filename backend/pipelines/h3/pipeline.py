@@ -14,9 +14,11 @@ import torch
 
 from ...models.h3_ops import RowSegments, rope_tables
 from ...models.h3_transformer import MODALITY_COUNT
+from ...parallel.ulysses import SequenceShard
 from .components import H3Components
 from .conditioning import normalize_references, prepare_keyframes
-from .decode import decode_audio, decode_video
+from ...media.stream_writer import HostFrameCollector
+from .decode import decode_audio, iter_decode_video
 from .geometry import Geometry, RequestError, resolve_canvas, resolve_geometry
 from .layout import (CONDITION_T, PackedLayout, ReferenceBlock, audio_rows_to_latents, build_layout,
                      build_reference_layout, patchify, unpatchify)
@@ -30,9 +32,25 @@ class Cancelled(Exception):
     """The caller asked to stop; raised at a denoise-step boundary."""
 
 
+def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometry) -> torch.Tensor:
+    """VAE decode clip by clip; each clip becomes uint8 on the device and is copied to the host through pinned,
+    double-buffered chunks on a side stream while the next clip decodes. Returns uint8 [F, H, W, 3] on the CPU."""
+    collector = HostFrameCollector(geo.width, geo.height, geo.num_frames, device=device)
+    try:
+        for chunk in iter_decode_video(vae, video_latents, device):
+            collector.write(chunk)
+    except BaseException:
+        collector.abort()
+        raise
+    return collector.close()
+
+
 class H3Pipeline:
-    def __init__(self, components: H3Components):
+    def __init__(self, components: H3Components, rank: int = 0, world: int = 1):
+        """rank/world > 1: Ulysses sequence parallelism over an initialised torch.distributed group; every rank
+        runs this same pipeline (same seed, same layout) and owns 1/world of the packed rows in the DiT."""
         self.c = components
+        self.rank, self.world = rank, world
 
     # -- request resolution -------------------------------------------------------------------------------------
     def resolve(self, req: H3Request) -> tuple[Geometry, list, tuple[str, ...]]:
@@ -123,7 +141,7 @@ class H3Pipeline:
         frames = wave = None
         if req.decode:
             t2 = time.perf_counter()
-            frames = decode_video(c.vae, video_latents, dev).cpu()
+            frames = decode_frames_to_host(c.vae, video_latents, dev, geo)
             wave = decode_audio(c.audio_vae, audio_latents, dev)
             timings["decode_s"] = time.perf_counter() - t2
         timings["total_s"] = time.perf_counter() - t0
@@ -135,19 +153,25 @@ class H3Pipeline:
         """video rows [Nv, 96] / audio rows [Na, 32] float32 (condition rows first) -> denoised rows."""
         dev = video.device
         dl = layout.to(dev)
-        rope = rope_tables(dl.position_ids, dit.rope_inv_freq)  # layout-only: built once per request
+        shard = None if self.world == 1 else SequenceShard(self.rank, self.world, layout.seq_len)
+        local = (lambda t: t) if shard is None else shard.local
+        cos, sin = rope_tables(dl.position_ids, dit.rope_inv_freq)  # layout-only: built once per request
+        rope = (local(cos), local(sin))
         n = schedule.num_evaluations
         ncv, nca = layout.num_condition_video_rows, layout.num_condition_audio_rows
         for i in range(n):
-            if should_stop is not None and should_stop():
+            stop = should_stop is not None and should_stop()
+            if shard is not None:
+                stop = shard.any(stop)  # every rank stops at the same boundary, or none does
+            if stop:
                 raise Cancelled(f"Stopped before step {i + 1}/{n}.")
             vt, at = schedule.video_t(i), schedule.audio_t(i)
             ts, row_index = row_timestep_plan(layout, float(vt), float(at))
             adaln_rows = row_index * MODALITY_COUNT + layout.token_tags
-            segments = (RowSegments.from_rows(adaln_rows), RowSegments.from_rows(row_index))
+            segments = (RowSegments.from_rows(local(adaln_rows)), RowSegments.from_rows(local(row_index)))
             v_pred, a_pred = dit(video[None], audio[None], text, ts.to(dev), row_index.to(dev), dl.token_tags,
                                  dl.position_ids, dl.video_indices, dl.audio_indices, dl.text_indices,
-                                 rope=rope, segments=segments)
+                                 rope=rope, segments=segments, shard=shard)
             video[ncv:] = euler_step(video[ncv:], v_pred[0, ncv:], vt, schedule.video_sigmas[i],
                                      schedule.video_sigmas[i + 1])
             audio[nca:] = euler_step(audio[nca:], a_pred[0, nca:], at, schedule.audio_sigmas[i],
