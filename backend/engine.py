@@ -32,7 +32,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         config.validate()
         self.config = config
-        self._executor: MpExecutor | None = None
+        self._executor = None  # MpExecutor | RayExecutor
         self._lock = threading.RLock()
 
     @property
@@ -45,7 +45,10 @@ class Engine:
                 return
             if self._executor is not None:  # died since last use
                 self._executor.shutdown()
-            executor = MpExecutor(self.config)
+            try:
+                executor = make_executor(self.config)
+            except ImportError as exc:  # an optional executor's package is missing: say what to install
+                raise EngineError(str(exc)) from None
 
             def check_stop():  # Stop during a (minutes-long) model load ends the load too
                 if should_cancel is not None and should_cancel():
@@ -97,6 +100,16 @@ class Engine:
             if self._executor is not None:
                 self._executor.shutdown()
                 self._executor = None
+
+
+def make_executor(config: EngineConfig):
+    """The executor config.executor names: "mp" (processes on this machine) or "ray" (actors on a Ray cluster; an
+    optional extra, imported only when chosen). Both have one interface: start / alive / run / cancel / shutdown."""
+    if config.executor == "ray":
+        from .executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
+    return MpExecutor(config)
 
 
 _ENGINES: dict[EngineConfig, Engine] = {}

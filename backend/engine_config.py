@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 DTYPES = ("bfloat16", "float16", "float32")
+EXECUTORS = ("mp", "ray")
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,9 @@ class EngineConfig:
     attention: str = "sdpa"
     compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
     world_size: int = 1
-    executor: str = "mp"
+    executor: str = "mp"  # "mp": a process per device on this machine; "ray": an actor per rank on a Ray cluster
+    ray_address: str = ""  # executor "ray": the cluster's address ("auto", "ray://host:10001", ...); "" or "local":
+    # a local Ray, started for this engine (or the one this process already started)
     cpu_threads: int = 0  # 0: torch default
     master_port: int = 29517
     reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
@@ -26,14 +29,20 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES or self.vae_dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r} / {self.vae_dtype!r}.")
+        if ":" in self.device and "," in self.device and len(self.device.split(":", 1)[1].split(",")) != self.world_size:
+            raise ValueError(f"{self.device} lists {len(self.device.split(',' ))} GPUs for {self.world_size} ranks; "
+                             "give one GPU per rank.")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}.")
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}.")
         if self.compile not in ("auto", "on", "off"):
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {self.compile!r}.")
-        if self.executor != "mp":
-            raise ValueError(f"Unknown executor {self.executor!r}; available: 'mp'.")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"Unknown executor {self.executor!r}; available: {', '.join(map(repr, EXECUTORS))}.")
+        if self.executor == "ray" and self.device not in ("cpu", "cuda"):
+            raise ValueError(f"With the ray executor device is 'cpu' or 'cuda' (Ray places each rank on a GPU of its "
+                             f"own), got {self.device!r}.")
         if not os.path.isdir(self.model_dir):
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {self.model_dir}")
         self._check_heads_split()
@@ -55,19 +64,23 @@ class EngineConfig:
                                  f"attention heads; use one of {ok}.")
 
     def device_for(self, rank: int) -> str:
-        """'cpu' -> every rank on the CPU; 'cuda' -> cuda:rank; 'cuda:N' -> cuda:N+rank."""
+        """'cpu' -> every rank on the CPU; 'cuda' -> cuda:rank; 'cuda:N' -> cuda:N+rank; 'cuda:2,3' -> the listed
+        GPUs, one per rank."""
         if self.device == "cpu":
             return "cpu"
-        base = int(self.device.split(":")[1]) if ":" in self.device else 0
-        return f"cuda:{base + rank}"
+        ids = self.device.split(":", 1)[1].split(",") if ":" in self.device else ["0"]
+        if len(ids) > 1:
+            return f"cuda:{int(ids[rank])}"
+        return f"cuda:{int(ids[0]) + rank}"
 
-    def build_pipeline(self, rank: int):
+    def build_pipeline(self, rank: int, device: str | None = None):
+        """This rank's pipeline, on `device` (default: device_for(rank); a Ray actor passes the GPU it was given)."""
         import torch
 
         from .pipelines.h3.components import EngineOptions, H3Components, folder_settings
         from .pipelines.h3.pipeline import H3Pipeline
 
-        device = self.device_for(rank)
+        device = device or self.device_for(rank)
         settings = folder_settings(self.model_dir)
         options = EngineOptions(
             device=device, dtype=getattr(torch, self.dtype), vae_dtype=getattr(torch, self.vae_dtype),

@@ -43,6 +43,15 @@ class H3ModelLoader:
                 "attention": (["sdpa", "math"], {
                     "default": "sdpa", "tooltip": "Attention kernel: sdpa (cuDNN first on GPUs) or math (slow, "
                                                   "exact reference, for checking)."}),
+                "sp_degree": ("INT", {
+                    "default": 1, "min": 1, "max": 8,
+                    "tooltip": "Sequence-parallel ranks (Ulysses): one worker per GPU, each holding the model and "
+                               "1/N of the sequence. Must divide the model's attention heads (56: 1, 2, 4, 7, 8). "
+                               "On the CPU, N processes (for testing)."}),
+                "gpus": ("STRING", {
+                    "default": "",
+                    "tooltip": "GPU ids for the ranks, e.g. 0,1,2,3 (one per rank). Empty: GPUs 0..N-1. 'all': "
+                               "every visible GPU, and the degree becomes their count."}),
             }
         }
 
@@ -56,13 +65,35 @@ class H3ModelLoader:
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
         return True
 
-    def load(self, model, device, dtype, attention):
+    def load(self, model, device, dtype, attention, sp_degree=1, gpus=""):
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
         else:
             path = services.resolve_h3_model(model)
         if device == "auto":
             device = "cuda" if _cuda_available() else "cpu"
-        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention)
+        device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
+        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree)
         config.validate()
         return (H3EngineHandle(config),)
+
+
+def resolve_devices(device: str, degree: int, gpus: str) -> tuple[str, int]:
+    """(device, degree, gpus widget) -> (EngineConfig.device, world_size)."""
+    gpus = (gpus or "").strip().lower()
+    if device == "cpu" or not gpus:
+        return device, degree
+    if gpus == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count < 1:
+            raise ValueError("gpus is 'all' but no CUDA GPU is visible.")
+        return ("cuda:" + ",".join(str(i) for i in range(count))) if count > 1 else "cuda:0", count
+    try:
+        ids = [int(part) for part in gpus.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"gpus must be GPU ids like 0,1,2,3 or 'all', got {gpus!r}.") from None
+    if len(ids) != degree:
+        raise ValueError(f"gpus lists {len(ids)} GPUs for sp_degree {degree}; give one GPU per rank.")
+    return "cuda:" + ",".join(map(str, ids)), degree

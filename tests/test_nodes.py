@@ -118,3 +118,29 @@ def test_outside_paths_are_refused(monkeypatch, tmp_path):
     assert H3LoadImage.VALIDATE_INPUTS("../../etc/passwd") is not True
     with pytest.raises((UnsafePathError, ValueError, FileNotFoundError)):
         H3LoadImage().load("../../etc/passwd")
+
+
+@pytest.mark.parametrize("device,degree,gpus,want", [
+    ("cpu", 2, "", ("cpu", 2)),
+    ("cuda", 1, "", ("cuda", 1)),
+    ("cuda", 4, "0,1,2,3", ("cuda:0,1,2,3", 4)),
+    ("cuda", 2, "3, 5", ("cuda:3,5", 2)),
+])
+def test_loader_device_resolution(device, degree, gpus, want):
+    from comfyui_h3.nodes.loader import resolve_devices
+
+    assert resolve_devices(device, degree, gpus) == want
+
+
+def test_loader_refuses_bad_gpu_lists_and_degrees(tiny_h3_dir, monkeypatch):
+    from comfyui_h3.nodes.loader import H3ModelLoader, resolve_devices
+
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        resolve_devices("cuda", 4, "0,1")
+    with pytest.raises(ValueError, match="GPU ids"):
+        resolve_devices("cuda", 2, "zero,one")
+    monkeypatch.setenv("COMFYUI_H3_MODELS", str(tiny_h3_dir.parent))
+    with pytest.raises(ValueError, match="does not divide"):
+        H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa", 3, "")
+    (handle,) = H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa", 2, "")
+    assert handle.config.world_size == 2 and handle.config.device_for(1) == "cpu"

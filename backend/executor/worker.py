@@ -1,7 +1,11 @@
-"""Worker process main: load the model once, then serve jobs until told to stop.
+"""Worker rank: load the model once, then serve jobs until told to stop.
 
-A job's failure never kills the worker: it is reported (OOM as its own kind, with the cache emptied) and the loop
-goes on. Cancellation is a shared event the driver sets; the pipeline checks it at every denoise-step boundary.
+The per-job part (`run_job`: run the pipeline with progress and Stop, map every exception to a `Failed` kind) and the
+start-up part (`setup_rank`: threads, process group, pipeline) are shared by both executors: `worker_main` is the
+`mp` process loop, `ray_executor._RankActor` the Ray actor. A job's failure never kills the worker: it is reported
+(OOM as its own kind, with the cache emptied) and the worker goes on. Cancellation is a flag the driver sets; the
+pipeline checks it at every denoise-step boundary, and with several ranks all-reduces it so every rank stops at the
+same boundary.
 """
 
 from __future__ import annotations
@@ -9,33 +13,77 @@ from __future__ import annotations
 import os
 import time
 import traceback
-
+from typing import Callable
 
 PARENT_POLL_S = 1.0
 
 
-def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int,
-                master_port: int = 0) -> None:
-    import queue
-
+def setup_rank(rank: int, world_size: int, engine_config, master_addr: str = "127.0.0.1", master_port: int = 0,
+               device: str | None = None):
+    """Threads, the process group (world > 1) and the pipeline of one rank. `device` overrides the config's
+    placement (a Ray actor sees only its own GPU, as cuda:0). Returns (pipeline, Ready)."""
     import torch
 
-    from ..pipelines.h3.geometry import RequestError
-    from ..pipelines.h3.pipeline import Cancelled
-    from .messages import Done, Failed, Job, Progress, Ready, Shutdown
+    from .messages import Ready
 
     torch.set_grad_enabled(False)
     if engine_config.cpu_threads:
         torch.set_num_threads(engine_config.cpu_threads)
+    device = device or engine_config.device_for(rank)
+    t0 = time.perf_counter()
+    if world_size > 1:
+        _init_process_group(rank, world_size, device, master_addr, master_port or engine_config.master_port)
+    pipeline = engine_config.build_pipeline(rank, device=device)
+    return pipeline, Ready(rank, time.perf_counter() - t0, device)
+
+
+def load_failure(exc: BaseException):
+    from .messages import Failed
+
+    return Failed(None, "error", f"Loading the model failed: {type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, should_stop: Callable[[], bool]):
+    """One job on one rank -> Done (rank 0 carries the result; other ranks Done(None)) or Failed. Never raises.
+    `emit` receives rank 0's Progress messages."""
+    import torch
+
+    from ..pipelines.h3.geometry import RequestError
+    from ..pipelines.h3.pipeline import Cancelled
+    from .messages import Done, Failed, Progress
+
+    on_step = None
+    if rank == 0 and emit is not None:
+        def on_step(done: int, total: int, job_id=job.job_id) -> None:
+            emit(Progress(job_id, done, total))
+
     try:
-        t0 = time.perf_counter()
-        if world_size > 1:
-            _init_process_group(rank, world_size, engine_config, master_port)
-        pipeline = engine_config.build_pipeline(rank)
-        events.put(Ready(rank, time.perf_counter() - t0, str(engine_config.device)))
+        with torch.no_grad():
+            result = pipeline.run(job.request, on_step=on_step, should_stop=should_stop)
+        return Done(job.job_id, result if rank == 0 else None)
+    except Cancelled as exc:
+        return Failed(job.job_id, "cancelled", str(exc))
+    except RequestError as exc:
+        return Failed(job.job_id, "request", str(exc))
+    except torch.cuda.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return Failed(job.job_id, "oom", f"Out of GPU memory: {exc}", traceback.format_exc())
     except BaseException as exc:  # noqa: BLE001 - everything must reach the driver as a message
-        events.put(Failed(None, "error", f"Loading the model failed: {type(exc).__name__}: {exc}",
-                          traceback.format_exc()))
+        return Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int,
+                master_port: int = 0) -> None:
+    """The `mp` executor's process: load, report Ready (or Failed), then serve Jobs from `commands`."""
+    import queue
+
+    from .messages import Failed, Job, Shutdown
+
+    try:
+        pipeline, ready = setup_rank(rank, world_size, engine_config, "127.0.0.1", master_port)
+        events.put(ready)
+    except BaseException as exc:  # noqa: BLE001
+        events.put(load_failure(exc))
         return
 
     def orphaned() -> bool:
@@ -57,42 +105,37 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
             break
         if not isinstance(msg, Job):
             continue
-        try:
-            result = pipeline.run(
-                msg.request,
-                on_step=(lambda done, total, job=msg.job_id: events.put(Progress(job, done, total)))
-                if rank == 0 else None,
-                should_stop=should_stop,
-            )
-            if rank == 0:
-                events.put(Done(msg.job_id, result))
-        except Cancelled as exc:
-            events.put(Failed(msg.job_id, "cancelled", str(exc)))
-        except RequestError as exc:
-            events.put(Failed(msg.job_id, "request", str(exc)))
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            events.put(Failed(msg.job_id, "oom", f"Out of GPU memory: {exc}", traceback.format_exc()))
-        except BaseException as exc:  # noqa: BLE001
-            events.put(Failed(msg.job_id, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-    if world_size > 1:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        outcome = run_job(pipeline, rank, msg, events.put, should_stop)
+        if rank == 0 or isinstance(outcome, Failed):  # other ranks' results are rank 0's
+            events.put(outcome)
+    close_process_group()
 
 
-def _init_process_group(rank: int, world_size: int, cfg, master_port: int) -> None:
+def close_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _init_process_group(rank: int, world_size: int, device: str, master_addr: str, master_port: int) -> None:
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    device = cfg.device_for(rank)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    if backend == "nccl":
+    if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+        # NCCL for the CUDA tensors (the all-to-alls, the gathers); gloo for the few CPU ones (the Stop flag's
+        # all-reduce in SequenceShard.any), which NCCL alone refuses.
+        backend = "cpu:gloo,cuda:nccl"
+    else:
+        backend = "gloo"
     # A rank that dies leaves the others blocked in a collective; the driver notices the death within a poll and
     # kills the group, and the timeout bounds any hang the driver cannot see.
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{master_port or cfg.master_port}", rank=rank,
+    dist.init_process_group(backend, init_method=f"tcp://{_url_host(master_addr)}:{master_port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(minutes=10))
+
+
+def _url_host(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr

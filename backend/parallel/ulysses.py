@@ -54,6 +54,8 @@ class SequenceShard:
 
     def gather_rows(self, local: torch.Tensor) -> torch.Tensor:
         """[B, L, C] from every rank -> [B, S, C] in row order (padding dropped)."""
+        if self.world == 1:
+            return local[:, : self.seq_len]
         parts = [torch.empty_like(local) for _ in range(self.world)]
         dist.all_gather(parts, local.contiguous(), group=self.group)
         return torch.cat(parts, dim=1)[:, : self.seq_len]
@@ -67,6 +69,8 @@ class SequenceShard:
 
 def _rows_to_heads(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
     """[B, L, H, D] own rows/all heads -> [B, S_pad, H/N, D] all rows/own heads."""
+    if shard.world == 1:  # an all-to-all within a group of one is the identity: no copies
+        return x
     b, l, h, d = x.shape
     n = shard.world
     send = x.reshape(b, l, n, h // n, d).permute(2, 0, 1, 3, 4).contiguous()  # [N(dest), B, L, H/N, D]
@@ -77,6 +81,8 @@ def _rows_to_heads(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
 
 def _heads_to_rows(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
     """[B, S_pad, H/N, D] -> [B, L, H, D]."""
+    if shard.world == 1:
+        return x
     b, s_pad, hn, d = x.shape
     n = shard.world
     send = x.reshape(b, n, s_pad // n, hn, d).permute(1, 0, 2, 3, 4).contiguous()  # [N(dest rows), B, L, H/N, D]

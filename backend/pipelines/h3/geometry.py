@@ -96,7 +96,7 @@ def resolve_geometry(num_frames: int, height: int, width: int, spatial_ratio: in
     if not MIN_SECONDS <= seconds <= MAX_SECONDS:
         raise RequestError(
             f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s at {FPS} fps: {num_frames} frames snap up to "
-            f"{frames} ({seconds:.3f} s). Use {int(MIN_SECONDS * FPS)}..{int(MAX_SECONDS * FPS)} frames."
+            f"{frames} ({seconds:.3f} s). Use {int(MIN_SECONDS * FPS)}..{frames_for_seconds(MAX_SECONDS)} frames."
         )
     return Geometry(height, width, frames, latent_frames(frames, frames_per_chunk, latents_per_chunk),
                     height // spatial_ratio, width // spatial_ratio, audio_latents(frames))

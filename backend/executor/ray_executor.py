@@ -1,0 +1,334 @@
+"""`ray` executor: the same worker ranks as Ray actors on a Ray cluster (for more than one machine).
+
+Ray is an optional extra (`pip install "comfyui-h3[ray]"`), imported only when this executor is chosen. The cluster is
+`EngineConfig.ray_address` ("auto", "ray://head:10001", ...); "" or "local" starts a local Ray for this engine (or
+uses the one this process already started). Each rank is one non-detached actor (1 CPU, plus 1 GPU on CUDA), placed
+together through a placement group, so a cluster too small fails at once instead of starting half a group. The ranks
+form one torch.distributed group over tcp:// on the rank-0 actor's node IP and a free port there: NCCL between GPUs
+(gloo for the CPU-side Stop flag), gloo on CPU. Every rank runs `worker.run_job`, the same job logic as the `mp`
+worker.
+
+Driver <-> ranks: a small control actor carries rank 0's Progress to the driver and the driver's Stop flag to every
+rank, which reads it at each denoise-step boundary (the pipeline all-reduces it, so all ranks stop at the same step).
+The driver waits on the ranks' futures with a short timeout: Stop, progress and a dead actor (its future fails) are
+noticed within ~0.1 s; a dead rank kills the rest and comes back as WorkerDied. Actors are owned by this driver and
+die with it; a local Ray we started is shut down with the executor.
+
+Code on the cluster: the actors import `comfyui_h3` from the driver's path (PYTHONPATH) or from an install on each
+node; `model_dir` must exist on every node that holds a rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from typing import Callable, Iterator
+
+from .messages import Done, Failed, Job, Progress, Ready
+from .mp_executor import WorkerDied, WorkerFailed, _package_parent
+
+POLL_S = 0.1
+PLACEMENT_TIMEOUT_S = 120.0  # a cluster that cannot hold every rank fails within this, with what it has
+FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to finish (or be seen dead) before a restart
+LOCAL_ADDRESSES = ("", "local")
+INSTALL_HINT = 'The "ray" executor needs Ray, an optional extra: pip install "comfyui-h3[ray]"'
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"{INSTALL_HINT} (import ray failed: {exc}).") from None
+    return ray
+
+
+class _Control:
+    """Actor between the driver and the ranks: rank 0 pushes Progress, the driver drains it; the driver sets Stop,
+    every rank reads it at each step boundary."""
+
+    def __init__(self):
+        self._events: list = []
+        self._stop = False
+
+    def push(self, event) -> None:
+        self._events.append(event)
+
+    def drain(self) -> list:
+        events, self._events = self._events, []
+        return events
+
+    def set_stop(self, flag: bool) -> None:
+        self._stop = flag
+        if not flag:
+            self._events = []
+
+    def stop(self) -> bool:
+        return self._stop
+
+
+class _RankActor:
+    """One worker rank. Methods run one at a time (a plain, non-threaded actor), on the actor's main thread."""
+
+    def __init__(self, rank: int, world_size: int, engine_config, control):
+        self.rank, self.world_size, self.config, self.control = rank, world_size, engine_config, control
+        self.pipeline = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a port free on it: the rendezvous of the process group (asked of rank 0)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, master_addr: str, master_port: int):
+        from .worker import load_failure, setup_rank
+
+        # Ray shows an actor only the GPU it was given: on CUDA this rank's device is always cuda:0.
+        device = "cpu" if self.config.device == "cpu" else "cuda:0"
+        try:
+            self.pipeline, ready = setup_rank(self.rank, self.world_size, self.config, master_addr, master_port,
+                                              device=device)
+        except BaseException as exc:  # noqa: BLE001 - everything must reach the driver as a message
+            return load_failure(exc)
+        return ready
+
+    def run(self, job):
+        import ray
+
+        from .worker import run_job
+
+        control = self.control
+
+        def should_stop() -> bool:
+            return bool(ray.get(control.stop.remote()))
+
+        def emit(event) -> None:  # acknowledged: every step's progress is there before the result is
+            ray.get(control.push.remote(event))
+
+        return run_job(self.pipeline, self.rank, job, emit, should_stop)
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        from .worker import close_process_group
+
+        self.pipeline = None
+        close_process_group()
+
+
+class RayExecutor:
+    """Same interface as MpExecutor: start(on_wait) / alive / run(kind, request, should_cancel) / cancel /
+    shutdown(timeout) / ready."""
+
+    def __init__(self, config):
+        self.config = config
+        self._ray = import_ray()  # fails here, with the install hint, when the extra is missing
+        self._actors: list = []
+        self._control = None
+        self._pg = None
+        self._owns_ray = False
+        self._dead = False
+        self._ids = itertools.count(1)
+        self.ready: list[Ready] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Every rank's actor answers (or is busy). A dead one is seen within the ping's wait."""
+        ray = self._ray
+        if self._dead or not self._actors or not ray.is_initialized():
+            return False
+        pings = [a.ping.remote() for a in self._actors]
+        done, _ = ray.wait(pings, num_returns=len(pings), timeout=0.5)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                self._dead = True
+                return False
+        return True
+
+    def start(self, on_wait: Callable[[], None] | None = None) -> None:
+        ray = self._ray
+        n = self.config.world_size
+        try:
+            self._connect()
+            from ray.util.placement_group import placement_group
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            gpu = self.config.device != "cpu"
+            bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+            self._control = ray.remote(num_cpus=0)(_Control).remote()
+            self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
+            if not self._wait([self._pg.ready()], on_wait, PLACEMENT_TIMEOUT_S):
+                raise WorkerFailed(Failed(None, "error", (
+                    f"The Ray cluster could not place {n} rank(s) of {bundle} each within {PLACEMENT_TIMEOUT_S:.0f} s "
+                    f"(available now: {ray.available_resources()}).")))
+            parent = _package_parent()
+            env = {"PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+            if self.config.cpu_threads:
+                env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
+            actor_cls = ray.remote(_RankActor)
+            for rank in range(n):
+                self._actors.append(actor_cls.options(
+                    num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0, runtime_env={"env_vars": env},
+                    name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._pg, placement_group_bundle_index=rank),
+                ).remote(rank, n, self.config, self._control))
+            master = ("127.0.0.1", 0)
+            if n > 1:
+                master = self._get(self._actors[0].address.remote(), on_wait)
+            refs = [a.setup.remote(*master) for a in self._actors]
+            for msg in self._gather(refs, on_wait):
+                if isinstance(msg, Failed):
+                    raise WorkerFailed(msg)
+                self.ready.append(msg)
+        except BaseException:
+            self.shutdown(timeout=2.0)
+            raise
+
+    def _connect(self) -> None:
+        ray = self._ray
+        if ray.is_initialized():
+            return  # the host (or a test) already chose the cluster: use it and leave it running
+        address = self.config.ray_address.strip()
+        try:
+            if address in LOCAL_ADDRESSES:
+                cpus = max(os.cpu_count() or 1, self.config.world_size) if self.config.device == "cpu" else None
+                ray.init(num_cpus=cpus, include_dashboard=False)
+            else:
+                ray.init(address=address)
+        except Exception as exc:  # noqa: BLE001
+            where = "a local Ray" if address in LOCAL_ADDRESSES else f"the Ray cluster at {address!r}"
+            raise WorkerFailed(Failed(None, "error", f"Could not start or reach {where}: {type(exc).__name__}: "
+                                                     f"{exc}")) from None
+        self._owns_ray = True
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        ray = self._ray
+        actors, self._actors = self._actors, []
+        control, pg = self._control, self._pg
+        self._control = self._pg = None
+        self.ready = []
+        self._dead = True
+        if ray.is_initialized():
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+            # Wait until they are gone (GPU memory freed) before a restart places new ones on the same GPUs.
+            pings = []
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    pings.append(actor.ping.remote())
+            deadline = time.monotonic() + max(timeout, 0.5)
+            while pings and time.monotonic() < deadline:
+                done, pings = ray.wait(pings, num_returns=len(pings), timeout=min(POLL_S, timeout))
+            if control is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(control, no_restart=True)
+            if pg is not None:
+                from ray.util.placement_group import remove_placement_group
+
+                with contextlib.suppress(Exception):
+                    remove_placement_group(pg)
+            if self._owns_ray:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+        self._owns_ray = False
+
+    # -- jobs ------------------------------------------------------------------------------------------------------
+
+    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None) -> Iterator:
+        """Submit one job to every rank; yield rank 0's Progress; return the result (StopIteration value) or raise
+        WorkerFailed / WorkerDied."""
+        ray = self._ray
+        job = Job(next(self._ids), kind, request)
+        ray.get(self._control.set_stop.remote(False))  # before the ranks can read it; also drops stale progress
+        refs = [a.run.remote(job) for a in self._actors]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        outcomes: dict[int, object] = {}
+        pending = list(refs)
+        cancelled = False
+        grace_until = None
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            for ref in done:
+                try:
+                    outcomes[rank_of[ref]] = ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._died([rank_of[ref]], exc)
+                except ray.exceptions.RayError as exc:  # the call itself failed (e.g. the result did not pickle)
+                    outcomes[rank_of[ref]] = Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}")
+            if grace_until is None and any(isinstance(o, Failed) for o in outcomes.values()) and pending:
+                grace_until = time.monotonic() + FAILURE_GRACE_S
+            for event in ray.get(self._control.drain.remote()):
+                if isinstance(event, Progress) and event.job_id == job.job_id:
+                    yield event
+            if not cancelled and should_cancel is not None and should_cancel():
+                cancelled = True
+                self.cancel()
+            if grace_until is not None and pending and time.monotonic() > grace_until:
+                # A rank failed and its peers are stuck in a collective: restart the group on next use.
+                self.shutdown(timeout=2.0)
+                raise WorkerFailed(self._first_failure(outcomes))
+        failures = [o for o in outcomes.values() if isinstance(o, Failed)]
+        if failures:
+            raise WorkerFailed(self._first_failure(outcomes))
+        result = outcomes[0]
+        assert isinstance(result, Done), result
+        return result.result
+
+    @staticmethod
+    def _first_failure(outcomes: dict) -> Failed:
+        """The failure that says why: a rank's own error before a peer's agreed Stop."""
+        failures = [outcomes[r] for r in sorted(outcomes) if isinstance(outcomes[r], Failed)]
+        return next((f for f in failures if f.kind != "cancelled"), failures[0])
+
+    def _died(self, ranks: list[int], exc: BaseException) -> None:
+        self.shutdown(timeout=2.0)
+        raise WorkerDied(f"Worker rank(s) {ranks} died ({type(exc).__name__}); the engine restarts on next use.")
+
+    def cancel(self) -> None:
+        if self._control is not None:
+            with contextlib.suppress(Exception):
+                self._control.set_stop.remote(True)
+
+    # -- waiting ---------------------------------------------------------------------------------------------------
+
+    def _wait(self, refs: list, on_wait: Callable[[], None] | None, limit_s: float | None = None) -> bool:
+        """Wait for every ref, calling on_wait (which may raise, e.g. Stop while loading) each poll; a ref that
+        failed because its actor died -> WorkerDied at once (its peers may be blocked on it). False on timeout."""
+        ray = self._ray
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as exc:
+                    self._died([index[ref]], exc)
+            if not pending:
+                break
+            if on_wait is not None:
+                on_wait()
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
+    def _get(self, ref, on_wait):
+        return self._gather([ref], on_wait)[0]
+
+    def _gather(self, refs: list, on_wait) -> list:
+        """Results of the ranks' calls in rank order; an actor that died -> WorkerDied (the rest killed)."""
+        self._wait(refs, on_wait)
+        return self._ray.get(refs)
