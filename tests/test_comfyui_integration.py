@@ -32,7 +32,7 @@ COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
 LINK_NAME = "comfyui-h3"
-OUR_NODES = ("H3_ModelLoader", "H3_Sample", "H3_SaveVideo", "H3_LoadImage")
+OUR_NODES = ("H3_ModelLoader", "H3_Sample", "H3_SaveVideo", "H3_LoadImage", "H3_LoadVideo", "H3_VideoComponents")
 START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 300
 
@@ -339,3 +339,57 @@ def test_first_last_frame_workflow(comfy):
                            '4.reference_images=["2", 0]')
     assert result.returncode == 2, result
     assert "node 4 (H3_Sample) failed" in result.stderr and "either keyframes" in result.stderr, result.stderr
+
+
+def _defaults_from_object_info(info: dict, class_type: str, **given) -> dict:
+    """API inputs for a node: `given` plus each other required widget at its default (a combo's first choice)."""
+    inputs = dict(given)
+    for name, spec in info[class_type]["input"]["required"].items():
+        if name in inputs:
+            continue
+        kind, options = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
+        if isinstance(kind, list):
+            inputs[name] = options.get("default", kind[0])
+        elif kind == "COMBO":  # newer ComfyUI spells combos as ("COMBO", {"options": [...]})
+            inputs[name] = options.get("default", (options.get("options") or [None])[0])
+        elif "default" in options:
+            inputs[name] = options["default"]
+    return inputs
+
+
+def test_video_nodes_interoperate_with_core(comfy, tmp_path):
+    """Our Load Video feeds core SaveVideo, and core LoadVideo feeds our Save Video."""
+    import numpy as np
+
+    from comfyui_h3.backend.media.encode import Mp4Writer
+
+    clip = comfy.input_dir / "interop_clip.mp4"
+    frames = np.zeros((30, 48, 64, 3), np.uint8)
+    frames[..., 0] = np.arange(30, dtype=np.uint8)[:, None, None] * 8
+    t = np.arange(32000) / 32000
+    with Mp4Writer(str(clip), 64, 48, 24, audio_sample_rate=32000) as writer:
+        writer.write_frames(frames)
+        writer.write_audio(np.stack([np.sin(2 * np.pi * 440 * t)] * 2).astype(np.float32) * 0.2)
+    status, info = comfy.request("/object_info")
+    assert status == 200 and "SaveVideo" in info and "LoadVideo" in info, comfy.why("core video nodes missing")
+
+    ours_to_core = {
+        "1": {"class_type": "H3_LoadVideo", "inputs": _defaults_from_object_info(info, "H3_LoadVideo", video=clip.name)},
+        "2": {"class_type": "SaveVideo", "inputs": _defaults_from_object_info(
+            info, "SaveVideo", video=["1", 0], filename_prefix="interop/ours_to_core")},
+    }
+    core_to_ours = {
+        "1": {"class_type": "LoadVideo", "inputs": _defaults_from_object_info(info, "LoadVideo", file=clip.name)},
+        "2": {"class_type": "H3_SaveVideo", "inputs": _defaults_from_object_info(
+            info, "H3_SaveVideo", video=["1", 0], filename_prefix="interop/core_to_ours")},
+    }
+    for name, prompt in (("ours_to_core", ours_to_core), ("core_to_ours", core_to_ours)):
+        path = tmp_path / f"{name}.api.json"
+        path.write_text(json.dumps(prompt))
+        result = comfy.run_cli(str(path), tmp_path / name)
+        detail = f"{name}: exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+        assert result.returncode == 0, comfy.why(detail)
+        (saved,) = [line for line in result.stdout.splitlines() if line.strip()]
+        probe = _probe_mp4(saved)
+        assert probe["frames"] == 30 and probe["fps"] == 24.0 and probe["size"] == (64, 48), (name, probe)
+        assert probe["audio"] == 1, (name, probe)
