@@ -120,3 +120,34 @@ def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
         assert eng.generate(small(steps=1, decode=False)).video_latents is not None  # the group restarted
     finally:
         eng.shutdown()
+
+
+def _decode_rank(rank, world, port, folder, latents_path, out_dir):
+    import torch.distributed as dist
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from comfyui_h3.backend.pipelines.h3.decode import iter_decode_video
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(os.path.join(folder, "vae")).eval()
+    chunks = list(iter_decode_video(vae, torch.load(latents_path), "cpu", SequenceShard(rank, world, 1)))
+    torch.save(torch.cat(chunks) if chunks else None, os.path.join(out_dir, f"frames{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_vae_decode_shared_across_ranks_is_bitwise_equal(tmp_path, tiny_h3_dir, world):
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from comfyui_h3.backend.pipelines.h3.decode import decode_video
+
+    latents = torch.randn(1, 24, 37, 4, 4, generator=torch.Generator().manual_seed(1))
+    torch.save(latents, tmp_path / "lat.pt")
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(str(tiny_h3_dir / "vae")).eval()
+    with torch.no_grad():
+        want = decode_video(vae, latents, "cpu")
+    mp.spawn(_decode_rank, args=(world, _free_port(), str(tiny_h3_dir), str(tmp_path / "lat.pt"), str(tmp_path)),
+             nprocs=world)
+    assert torch.equal(torch.load(tmp_path / "frames0.pt"), want)  # rank 0 assembles; the others only decode
+    assert all(torch.load(tmp_path / f"frames{r}.pt") is None for r in range(1, world))

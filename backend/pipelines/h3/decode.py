@@ -39,27 +39,16 @@ def can_stream_decode(vae) -> bool:
                                                 "frame_pre_padding", "frame_overlap", "temporal_compression_ratio"))
 
 
-@torch.no_grad()
-def iter_decode_video(vae, latents: torch.Tensor, device):
-    """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
-    yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
-
-    The released VAE decodes clip by clip (`tokens_chunk_size` latent frames + `token_overlap` look-ahead, a
-    non-causal ViT per clip) and cross-fades `frame_overlap` frames between neighbours; a clip's frames are final once
-    the next clip's head has been blended into its tail. This walks the same schedule as diffusers'
-    `AutoencoderKLMiniMaxH3._decode` (same clip inputs, same blend, same tail cut), so each chunk can go to the
-    encoder while the next clip decodes. A VAE without those pieces is decoded whole and yielded in one chunk.
-    """
+def _clip_schedule(vae, latents: torch.Tensor, device):
+    """Denormalised, tail-padded latents and the clip plan of diffusers' `AutoencoderKLMiniMaxH3._decode`:
+    (z, inputs of each clip [1, C, size + look-ahead, h, w], frames per clip, whether clips carry an overlap
+    chunk, frames of padded tail to cut)."""
     cfg = vae.config
     mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1, 1, 1)
     std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1, 1, 1)
     x = (latents.to(device, torch.float32) * std + mean).to(vae.dtype)
-    if not can_stream_decode(vae) or x.shape[0] != 1:
-        yield _pixels(vae, vae.decode(x, return_dict=False)[0], device)
-        return
     z = x.to(next(vae.post_quant_conv.parameters()).dtype)  # what decode() does before _decode()
     size, drop, ratio = vae.tokens_chunk_size, int(cfg.token_drop), vae.temporal_compression_ratio
-    frames_per_clip = size * ratio
     num_tokens = z.shape[2] + drop
     pad_tokens = (-num_tokens) % size
     num_clips = (num_tokens + pad_tokens) // size - int(drop > 0)
@@ -69,6 +58,13 @@ def iter_decode_video(vae, latents: torch.Tensor, device):
     # Frames the padded tail produces and the output drops (the same count as diffusers' tail cut).
     tail = cfg.clip_length % ratio
     pad_frames = sum(tail if tail and (real_tokens + k) % size == 0 else ratio for k in range(pad_tokens))
+    inputs = [z[:, :, i * size:i * size + size + vae.token_overlap] for i in range(num_clips)]
+    return x, inputs, size * ratio, drop > 0, pad_frames
+
+
+def _assemble(vae, clips, frames_per_clip: int, has_overlap: bool, pad_frames: int, device):
+    """Decoded clips (VAE space, in order) -> final uint8 chunks: blend each clip's head into the previous
+    clip's overlap tail, cut the padded tail; a chunk is yielded as soon as it is final."""
     pending: list[torch.Tensor] = []  # final chunks not yet yielded (held back only to cut the padded tail)
     pending_frames = 0
 
@@ -82,10 +78,8 @@ def iter_decode_video(vae, latents: torch.Tensor, device):
             yield _pixels(vae, head, device)
 
     overlap = None
-    for i in range(num_clips):
-        start = i * size
-        clip = vae._decode_clip(z[:, :, start:start + size + vae.token_overlap])
-        for j in range(int(drop > 0) + 1):
+    for clip in clips:
+        for j in range(int(has_overlap) + 1):
             chunk = clip[:, :, j * frames_per_clip:(j + 1) * frames_per_clip][:, :, vae.frame_pre_padding:]
             if j == 0:
                 if overlap is not None:
@@ -100,6 +94,57 @@ def iter_decode_video(vae, latents: torch.Tensor, device):
         keep = rest.shape[2] - pad_frames
         if keep > 0:
             yield _pixels(vae, rest[:, :, :keep], device)
+
+
+@torch.no_grad()
+def iter_decode_video(vae, latents: torch.Tensor, device, shard=None):
+    """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
+    yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
+
+    The released VAE decodes clip by clip (`tokens_chunk_size` latent frames + `token_overlap` look-ahead, a
+    non-causal ViT per clip) and cross-fades `frame_overlap` frames between neighbours; a clip's frames are final once
+    the next clip's head has been blended into its tail. This walks the same schedule as diffusers'
+    `AutoencoderKLMiniMaxH3._decode` (same clip inputs, same blend, same tail cut), so each chunk can go to the
+    encoder while the next clip decodes. A VAE without those pieces is decoded whole and yielded in one chunk.
+
+    `shard` (parallel.ulysses.SequenceShard, world > 1): clips are independent until the blend, so rank r decodes
+    clips r, r + N, ... and the decoded clips are broadcast from their owners; every rank then blends the same
+    tensors, so the result equals the one-rank decode bit for bit.
+    """
+    if not can_stream_decode(vae) or latents.shape[0] != 1:
+        cfg = vae.config
+        mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1, 1, 1)
+        x = (latents.to(device, torch.float32) * std + mean).to(vae.dtype)
+        yield _pixels(vae, vae.decode(x, return_dict=False)[0], device)
+        return
+    _, inputs, frames_per_clip, has_overlap, pad_frames = _clip_schedule(vae, latents, device)
+    if shard is None or shard.world == 1:
+        clips = (vae._decode_clip(clip) for clip in inputs)
+    else:
+        clips = _decode_clips_shared(vae, inputs, shard)
+        if shard.rank != 0:  # the other ranks only decode their clips; rank 0 assembles the video
+            return
+    yield from _assemble(vae, clips, frames_per_clip, has_overlap, pad_frames, device)
+
+
+def _decode_clips_shared(vae, inputs: list[torch.Tensor], shard) -> list[torch.Tensor]:
+    import torch.distributed as dist
+
+    dtypes = (torch.float32, torch.bfloat16, torch.float16)
+    mine = {i: vae._decode_clip(clip) for i, clip in enumerate(inputs) if i % shard.world == shard.rank}
+    clips = []
+    for i in range(len(inputs)):
+        owner, device = i % shard.world, inputs[i].device
+        # shape (5 dims) + dtype code: a rank may own no clip of its own to read them from
+        meta = (list(mine[i].shape) + [dtypes.index(mine[i].dtype)]) if owner == shard.rank else [0] * 6
+        meta = torch.tensor(meta, dtype=torch.long, device=device)
+        dist.broadcast(meta, src=owner, group=shard.group)
+        shape, dtype = tuple(meta[:5].tolist()), dtypes[int(meta[5])]
+        clip = mine[i].contiguous() if owner == shard.rank else torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(clip, src=owner, group=shard.group)
+        clips.append(clip)
+    return clips
 
 
 @torch.no_grad()

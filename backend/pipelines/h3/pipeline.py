@@ -32,12 +32,12 @@ class Cancelled(Exception):
     """The caller asked to stop; raised at a denoise-step boundary."""
 
 
-def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometry) -> torch.Tensor:
+def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometry, shard=None) -> torch.Tensor:
     """VAE decode clip by clip; each clip becomes uint8 on the device and is copied to the host through pinned,
     double-buffered chunks on a side stream while the next clip decodes. Returns uint8 [F, H, W, 3] on the CPU."""
     collector = HostFrameCollector(geo.width, geo.height, geo.num_frames, device=device)
     try:
-        for chunk in iter_decode_video(vae, video_latents, device):
+        for chunk in iter_decode_video(vae, video_latents, device, shard):
             collector.write(chunk)
     except BaseException:
         collector.abort()
@@ -141,8 +141,13 @@ class H3Pipeline:
         frames = wave = None
         if req.decode:
             t2 = time.perf_counter()
-            frames = decode_frames_to_host(c.vae, video_latents, dev, geo)
-            wave = decode_audio(c.audio_vae, audio_latents, dev)
+            if self.world > 1 and self.rank != 0:  # decode clips for rank 0, which assembles the video
+                for _ in iter_decode_video(c.vae, video_latents, dev, SequenceShard(self.rank, self.world, 1)):
+                    pass
+            else:
+                shard = SequenceShard(self.rank, self.world, 1) if self.world > 1 else None
+                frames = decode_frames_to_host(c.vae, video_latents, dev, geo, shard)
+                wave = decode_audio(c.audio_vae, audio_latents, dev)
             timings["decode_s"] = time.perf_counter() - t2
         timings["total_s"] = time.perf_counter() - t0
         return H3Result(req.task, video_latents, audio_latents, frames, wave, c.audio_rate, timings=timings)
