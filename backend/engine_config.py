@@ -86,6 +86,7 @@ class EngineConfig:
             device=device, dtype=getattr(torch, self.dtype), vae_dtype=getattr(torch, self.vae_dtype),
             attention=self.attention,
             compile_blocks=self.compile == "on" or (self.compile == "auto" and device.startswith("cuda")),
+            load_text_encoder=rank == 0,
             reference_image_short_edge=self.reference_image_short_edge
             or settings.get("reference_image_short_edge", 2048),
             canvas_short_edge=settings.get("canvas_short_edge", 768),

@@ -85,6 +85,7 @@ class EngineOptions:
     vae_dtype: torch.dtype = torch.float32
     attention: str = "sdpa"
     compile_blocks: bool = False
+    load_text_encoder: bool = True
     reference_image_short_edge: int = 2048
     canvas_short_edge: int = 768
     canvas_max_pixels: int = 768 * 1344
@@ -105,12 +106,16 @@ class H3Components:
         self.audio_vae, info = AutoencoderKLMiniMaxH3Audio.from_pretrained(
             f / "audio_vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
         _strict("audio_vae", f / "audio_vae", info)
-        text_model = load_text_encoder(f / "text_encoder", options.dtype)
+        # Under sequence parallelism only rank 0 holds the text encoder (~50 GB of Qwen3-VL in bf16 for the
+        # release) and broadcasts the embeddings; the other ranks keep that memory for the DiT.
+        text_model = load_text_encoder(f / "text_encoder", options.dtype) if options.load_text_encoder else None
         self.vae.to(self.device).eval().requires_grad_(False)
         self.audio_vae.to(self.device).eval().requires_grad_(False)
-        text_model.to(self.device).eval().requires_grad_(False)
-        self.text = TextEncoder(text_model, AutoTokenizer.from_pretrained(f / "tokenizer"),
-                                AutoProcessor.from_pretrained(f / "processor"), self.device, options.dtype)
+        self.text = None
+        if text_model is not None:
+            text_model.to(self.device).eval().requires_grad_(False)
+            self.text = TextEncoder(text_model, AutoTokenizer.from_pretrained(f / "tokenizer"),
+                                    AutoProcessor.from_pretrained(f / "processor"), self.device, options.dtype)
         self.cond = ConditionEncoder(self.vae, self.audio_vae, self.device)
         self._dits: dict[str, H3Transformer] = {}
 

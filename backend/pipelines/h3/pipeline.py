@@ -91,7 +91,7 @@ class H3Pipeline:
             refs = normalize_references(req.references, geo.num_frames, c.spatial_ratio * patch[2],
                                         c.options.reference_image_short_edge, c.audio_rate,
                                         c.options.canvas_short_edge, c.options.canvas_max_pixels)
-            text, tags = c.text.encode_references(req.prompt, refs)
+            text, tags = self._shared_text(lambda: c.text.encode_references(req.prompt, refs))
             blocks = []
             for ref in refs:
                 shape, n_audio = None, 0
@@ -107,7 +107,7 @@ class H3Pipeline:
                 blocks.append(ReferenceBlock(ref.kind, shape, n_audio))
             layout = build_reference_layout(tags, geo, patch, blocks)
         else:
-            text, tags = c.text.encode_prompt(req.prompt, keyframes or None)
+            text, tags = self._shared_text(lambda: c.text.encode_prompt(req.prompt, keyframes or None))
             conditions = [c.cond.encode_image(k) for k in keyframes]
             layout = build_layout(tags, geo, patch, anchors)
         timings["encode_s"] = time.perf_counter() - t0
@@ -151,6 +151,30 @@ class H3Pipeline:
             timings["decode_s"] = time.perf_counter() - t2
         timings["total_s"] = time.perf_counter() - t0
         return H3Result(req.task, video_latents, audio_latents, frames, wave, c.audio_rate, timings=timings)
+
+    def _shared_text(self, encode):
+        """Rank 0 encodes the prompt (the only rank holding the text encoder) and broadcasts embeddings [1, Nt, D]
+        and tags [Nt]; with one rank this is just `encode()`."""
+        if self.world == 1:
+            return encode()
+        import torch.distributed as dist
+
+        dev = self.c.device
+        dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        if self.rank == 0:
+            text, tags = encode()
+            meta = torch.tensor([text.shape[1], text.shape[2], dtypes.index(text.dtype)], device=dev)
+        else:
+            meta = torch.zeros(3, dtype=torch.long, device=dev)
+        dist.broadcast(meta, src=0)
+        n, width, code = meta.tolist()
+        if self.rank != 0:
+            text = torch.empty((1, n, width), dtype=dtypes[code], device=dev)
+            tags = torch.empty(n, dtype=torch.long)
+        tags_dev = tags.to(dev)
+        dist.broadcast(text, src=0)
+        dist.broadcast(tags_dev, src=0)
+        return text, tags_dev.cpu()
 
     def denoise(self, dit, layout: PackedLayout, text: torch.Tensor, video: torch.Tensor, audio: torch.Tensor,
                 schedule: DualSchedule, on_step: StepCallback | None = None,
