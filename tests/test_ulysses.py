@@ -6,6 +6,7 @@ step boundary on every rank; a killed rank becomes an error and the next prompt 
 
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -123,8 +124,16 @@ def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
         assert 1 <= len(seen) < 20
         assert eng.generate(small(steps=1, decode=False)).video_latents is not None  # both ranks still in step
         victim = eng._executor._procs[1].pid
+        killed = []
+
+        def kill_rank1(done, total):
+            if not killed:
+                killed.append(time.monotonic())
+                os.kill(victim, signal.SIGKILL)
+
         with pytest.raises(EngineError, match="died"):
-            eng.generate(small(steps=40), progress=lambda d, t: os.kill(victim, signal.SIGKILL))
+            eng.generate(small(steps=40), progress=kill_rank1)
+        assert time.monotonic() - killed[0] < 10  # the node errors within seconds, not after a collective timeout
         assert eng.generate(small(steps=1, decode=False)).video_latents is not None  # the group restarted
     finally:
         eng.shutdown()
