@@ -166,16 +166,16 @@ class RayExecutor:
 
             gpu = self.config.device != "cpu"
             bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
-            self._control = ray.remote(num_cpus=0)(_Control).remote()
+            parent = _package_parent()
+            env = {"PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
+            if self.config.cpu_threads:
+                env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
+            self._control = ray.remote(num_cpus=0)(_Control).options(runtime_env={"env_vars": env}).remote()
             self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
             if not self._wait([self._pg.ready()], on_wait, PLACEMENT_TIMEOUT_S):
                 raise WorkerFailed(Failed(None, "error", (
                     f"The Ray cluster could not place {n} rank(s) of {bundle} each within {PLACEMENT_TIMEOUT_S:.0f} s "
                     f"(available now: {ray.available_resources()}).")))
-            parent = _package_parent()
-            env = {"PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
-            if self.config.cpu_threads:
-                env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
             actor_cls = ray.remote(_RankActor)
             for rank in range(n):
                 self._actors.append(actor_cls.options(
@@ -183,6 +183,7 @@ class RayExecutor:
                     name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=self._pg, placement_group_bundle_index=rank),
                 ).remote(rank, n, self.config, self._control))
+            self._gather([self._control.stop.remote()], on_wait)  # the control actor is up (it imports us too)
             master = ("127.0.0.1", 0)
             if n > 1:
                 master = self._get(self._actors[0].address.remote(), on_wait)
@@ -251,7 +252,10 @@ class RayExecutor:
         WorkerFailed / WorkerDied."""
         ray = self._ray
         job = Job(next(self._ids), kind, request)
-        ray.get(self._control.set_stop.remote(False))  # before the ranks can read it; also drops stale progress
+        try:
+            ray.get(self._control.set_stop.remote(False))  # before the ranks read it; also drops stale progress
+        except ray.exceptions.RayActorError as exc:
+            self._died(["control"], exc)
         refs = [a.run.remote(job) for a in self._actors]
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         outcomes: dict[int, object] = {}
@@ -269,7 +273,11 @@ class RayExecutor:
                     outcomes[rank_of[ref]] = Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}")
             if grace_until is None and any(isinstance(o, Failed) for o in outcomes.values()) and pending:
                 grace_until = time.monotonic() + FAILURE_GRACE_S
-            for event in ray.get(self._control.drain.remote()):
+            try:
+                events = ray.get(self._control.drain.remote())
+            except ray.exceptions.RayActorError as exc:
+                self._died(["control"], exc)
+            for event in events:
                 if isinstance(event, Progress) and event.job_id == job.job_id:
                     yield event
             if not cancelled and should_cancel is not None and should_cancel():
@@ -294,7 +302,8 @@ class RayExecutor:
 
     def _died(self, ranks: list[int], exc: BaseException) -> None:
         self.shutdown(timeout=2.0)
-        raise WorkerDied(f"Worker rank(s) {ranks} died ({type(exc).__name__}); the engine restarts on next use.")
+        who = "The control actor" if ranks == ["control"] else f"Worker rank(s) {ranks}"
+        raise WorkerDied(f"{who} died ({type(exc).__name__}); the engine restarts on next use.")
 
     def cancel(self) -> None:
         if self._control is not None:
