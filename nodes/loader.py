@@ -52,6 +52,14 @@ class H3ModelLoader:
                     "default": "",
                     "tooltip": "GPU ids for the ranks, e.g. 0,1,2,3 (one per rank). Empty: GPUs 0..N-1. 'all': "
                                "every visible GPU, and the degree becomes their count."}),
+                "executor": (["mp", "ray"], {
+                    "default": "mp",
+                    "tooltip": "mp: one worker process per rank on this machine. ray: the ranks as Ray actors on a "
+                               "Ray cluster (several machines); needs pip install \"comfyui-h3[ray]\"."}),
+                "ray_address": ("STRING", {
+                    "default": "",
+                    "tooltip": "With executor ray: the cluster address (e.g. ray://head:10001 or auto); empty "
+                               "starts a local Ray. Ray places the GPUs, so 'gpus' is ignored."}),
             }
         }
 
@@ -65,15 +73,18 @@ class H3ModelLoader:
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
         return True
 
-    def load(self, model, device, dtype, attention, sp_degree=1, gpus=""):
+    def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address=""):
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
         else:
             path = services.resolve_h3_model(model)
         if device == "auto":
             device = "cuda" if _cuda_available() else "cpu"
+        if executor == "ray":
+            gpus = ""  # Ray assigns one GPU per actor
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
-        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree)
+        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
+                              executor=executor, ray_address=(ray_address or "").strip())
         config.validate()
         return (H3EngineHandle(config),)
 
