@@ -1,4 +1,4 @@
-"""Command line: `python -m comfyui_h3 {generate,run,demo,make-tiny} ...` (see --help of each)."""
+"""Command line: `python -m comfyui_h3 {generate,edit,run,demo,make-tiny} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame")
+DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal", "h3_object_replacement",
+                  "h3_inpainting")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +43,30 @@ def _parser() -> argparse.ArgumentParser:
                    help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
 
+    e = sub.add_parser("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
+    e.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    e.add_argument("--video", required=True, help="Source video (5-15 s are used; 24 fps, 17n+5 frames, /32 size).")
+    e.add_argument("--mask", required=True,
+                   help="PNG/image (all frames), video (luma, one frame per frame) or .npz with array 'mask'; "
+                        "white/1 = regenerate, black/0 = keep.")
+    e.add_argument("--mode", default="removal", choices=["removal", "replace", "inpaint"],
+                   help="Preset: mask growth / feather / audio defaults.")
+    e.add_argument("--prompt", required=True, help="The whole edited video, as you want it.")
+    e.add_argument("--steps", type=int, default=50)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--video-shift", type=float, default=12.0)
+    e.add_argument("--audio-shift", type=float, default=3.0)
+    e.add_argument("--audio-mode", default=None, choices=["keep", "regenerate", "blend"],
+                   help="Default: the preset's.")
+    e.add_argument("--audio-level", type=float, default=None, help="Blend level 0 (keep) .. 1 (regenerate).")
+    e.add_argument("--mask-grow", type=int, default=None, help="Pixels; default: the preset's.")
+    e.add_argument("--mask-feather", type=int, default=None, help="Pixels; default: the preset's.")
+    e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    e.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
+    e.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
+                   help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
+
     r = sub.add_parser("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
     r.add_argument("workflow")
     r.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
@@ -60,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"make-tiny": _make_tiny, "generate": _generate, "run": _run, "demo": _demo}[args.command](args)
+        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "run": _run,
+                "demo": _demo}[args.command](args)
     except KeyboardInterrupt:
         print("Stopped.", file=sys.stderr)
         return 130
@@ -92,6 +118,12 @@ def _generate(args) -> int:
     return generate(args, _resolve_model(args.model))
 
 
+def _edit(args) -> int:
+    from .cli_edit import edit
+
+    return edit(args, _resolve_model(args.model))
+
+
 def _run(args) -> int:
     from .workflow_runner import apply_overrides, load_workflow
 
@@ -116,7 +148,7 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
     root = services.output_directory()
     return [os.path.join(root, item.get("subfolder", ""), item["filename"])
-            for ui in outputs.values() for item in ui.get("images", [])]
+            for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
 
 
 def _demo(args) -> int:
@@ -134,7 +166,7 @@ def _demo(args) -> int:
         prompt = load_workflow(workflows_dir() / f"{name}.api.json")
         if args.steps:
             prompt = apply_overrides(prompt, [f"{nid}.steps={args.steps}" for nid, n in prompt.items()
-                                              if n["class_type"] == "H3_Sample"])
+                                              if n["class_type"] in ("H3_Sample", "H3_Edit")])
         print(f"== {name}", file=sys.stderr)
         made += _run_local(prompt, out_dir)
     for path in made:
@@ -143,7 +175,8 @@ def _demo(args) -> int:
 
 
 def _write_demo_inputs(folder: str) -> None:
-    """Two small keyframes for the first/last-frame workflow (a gradient and its mirror)."""
+    """Inputs the shipped workflows name: two keyframes (a gradient and its mirror) for first/last-frame, and a
+    5.4-s source clip (a square crossing a grey floor, with a tone) for the editing workflows."""
     import numpy as np
     from PIL import Image
 
@@ -154,6 +187,16 @@ def _write_demo_inputs(folder: str) -> None:
         path = os.path.join(folder, name)
         if not os.path.exists(path):
             Image.fromarray(np.ascontiguousarray(pixels)).save(path)
+    source = os.path.join(folder, "h3_demo_source.mp4")
+    if not os.path.exists(source):
+        from .backend.media.save import write_mp4
+
+        frames = np.full((130, 96, 192, 3), 110, np.uint8)
+        for t in range(130):  # a 32-px square moving left to right, inside the workflows' mask boxes
+            left = 12 + t * 136 // 129
+            frames[t, 32:64, left:left + 32] = (220, 40, 40)
+        tone = np.sin(2 * np.pi * 220 * np.arange(int(130 / 24 * 32000)) / 32000).astype(np.float32) * 0.2
+        write_mp4(source, frames, 24, np.stack([tone, tone]), 32000)
 
 
 def workflows_dir() -> Path:

@@ -3,11 +3,15 @@ it: core ships MiniMaxH3*, SeedVR2* and Minimax* API nodes) and never change onc
 
 from __future__ import annotations
 
+from .nodes.edit import H3Edit
 from .nodes.load_image import H3LoadImage
 from .nodes.load_video import H3LoadVideo, H3VideoComponents
 from .nodes.loader import H3ModelLoader
+from .nodes.mask_draw import H3MaskDraw
+from .nodes.mask_preview import H3MaskPreview
 from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
+from .routes import register_routes
 
 NODE_CLASS_MAPPINGS = {
     "H3_ModelLoader": H3ModelLoader,
@@ -16,6 +20,9 @@ NODE_CLASS_MAPPINGS = {
     "H3_LoadImage": H3LoadImage,
     "H3_LoadVideo": H3LoadVideo,
     "H3_VideoComponents": H3VideoComponents,
+    "H3_Edit": H3Edit,
+    "H3_MaskDraw": H3MaskDraw,
+    "H3_MaskPreview": H3MaskPreview,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -24,5 +31,11 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_LoadImage": "H3 Load Image",
     "H3_LoadVideo": "H3 Load Video",
     "H3_VideoComponents": "H3 Video To Images",
+    "H3_Edit": "H3 Edit (remove / replace / inpaint)",
+    "H3_MaskDraw": "H3 Mask Draw",
+    "H3_MaskPreview": "H3 Mask Preview",
 }
 WEB_DIRECTORY = "./js"
+
+# The mask editor's frame routes, on ComfyUI's server when one is running in this process (nothing elsewhere).
+register_routes()

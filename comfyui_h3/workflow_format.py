@@ -9,6 +9,7 @@ ComfyUI frontend stores them.
 from __future__ import annotations
 
 WIDGET_TYPES = ("INT", "FLOAT", "STRING", "BOOLEAN")
+VIRTUAL_NODE_TYPES = ("Note", "MarkdownNote")  # frontend-only nodes: never exported to the API format
 
 
 def _inputs(cls) -> list[tuple[str, object, dict]]:
@@ -34,7 +35,8 @@ def _extra_widget_values(name: str, kind, opts: dict) -> list:
     return []
 
 
-def api_to_ui(api: dict, node_classes: dict, positions: dict | None = None) -> dict:
+def api_to_ui(api: dict, node_classes: dict, positions: dict | None = None, notes: list | None = None) -> dict:
+    """`notes`: [(text, (x, y)), ...] added as frontend Note nodes (they carry advice, not data)."""
     positions = positions or {}
     nodes, links = [], []
     ui_ids = {node_id: int(node_id) for node_id in api}
@@ -70,6 +72,12 @@ def api_to_ui(api: dict, node_classes: dict, positions: dict | None = None) -> d
                            for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))]
     for lid, src, slot, dst, dst_slot, kind in pending:
         links.append([lid, ui_ids[src], slot, ui_ids[dst], dst_slot, kind])
+    for text, pos in notes or []:
+        note_id = max([n["id"] for n in nodes], default=0) + 1
+        nodes.append({"id": note_id, "type": "Note", "pos": list(pos), "size": [380, 160], "flags": {},
+                      "order": len(nodes), "mode": 0, "inputs": [], "outputs": [], "properties": {},
+                      "widgets_values": [text]})
+        ui_ids[f"note{note_id}"] = note_id
     return {"last_node_id": max(ui_ids.values(), default=0), "last_link_id": link_id, "nodes": nodes,
             "links": links, "groups": [], "config": {}, "extra": {}, "version": 0.4}
 
@@ -79,7 +87,7 @@ def ui_to_api(ui: dict, node_classes: dict) -> dict:
     links = {link[0]: link for link in ui.get("links", [])}
     api = {}
     for node in sorted(ui["nodes"], key=lambda n: n["id"]):
-        if node.get("mode", 0) in (2, 4):  # muted / bypassed nodes are not exported
+        if node.get("mode", 0) in (2, 4) or node["type"] in VIRTUAL_NODE_TYPES:  # muted / bypassed / notes
             continue
         cls = node_classes.get(node["type"])
         if cls is None:

@@ -97,7 +97,7 @@ def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     out = cli("demo", "--steps", 2, "--out-dir", tmp_path / "demo", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr
     paths = [p for p in out.stdout.split() if p.endswith(".mp4")]
-    assert len(paths) == 2
+    assert len(paths) == 5  # t2va, first/last frame, removal, replacement, inpainting
     for path in paths:
         assert streams(path) == (124, 24.0, 32000, 2)
 

@@ -21,7 +21,7 @@ from .conditioning import ConditionEncoder
 from .text import TEXT_LAYER, TextEncoder
 
 REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
-TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref"}
+TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref", "edit": "transformer"}
 
 
 def check_model_folder(folder: str | os.PathLike) -> Path:
@@ -64,8 +64,15 @@ def load_text_encoder(folder: Path, dtype: torch.dtype):
         raise CheckpointError(f"MiniMax-H3 reads hidden_states[{TEXT_LAYER}] of Qwen3-VL; {folder} has only {layers} "
                               "decoder layers.")
     config.text_config.num_hidden_layers = TEXT_LAYER
-    model, info = Qwen3VLForConditionalGeneration.from_pretrained(
-        folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the skipped layers are expected, not a load problem: checked strictly below
+    try:
+        model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+            folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     dropped = re.compile(r"(^|\.)layers\.(\d+)\.")
 
     def beyond(key: str) -> bool:

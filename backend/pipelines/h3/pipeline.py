@@ -77,6 +77,10 @@ class H3Pipeline:
     @torch.no_grad()
     def run(self, req: H3Request, on_step: StepCallback | None = None,
             should_stop: Callable[[], bool] | None = None) -> H3Result:
+        if req.task == "edit":  # latent mask editing: its own loop (editing_loop.py); the paths below are untouched
+            from .editing_loop import run_edit
+
+            return run_edit(self, req, on_step, should_stop)
         c, timings = self.c, {}
         t0 = time.perf_counter()
         geo, keyframes, anchors = self.resolve(req)

@@ -38,9 +38,22 @@ class H3Request:
     last_frame: Image.Image | None = None
     references: list[ReferenceInput] = field(default_factory=list)
     decode: bool = True  # False: latents only
+    # -- edit task (source_frames given): see editing.py for the mask convention and the normalisation --------------
+    source_frames: np.ndarray | None = None  # uint8 [T, H, W, 3] at source_fps (brought onto 24 fps / 17n+5 / 32)
+    source_fps: float = float(FPS)
+    source_audio: torch.Tensor | None = None  # [C, N] float32, C in (1, 2); None: no soundtrack (audio regenerated)
+    source_sample_rate: int | None = None
+    mask: np.ndarray | torch.Tensor | None = None  # float 0..1 [T, H, W] or [H, W] (all frames); 1 = regenerate
+    preset: str = "inpaint"  # removal | replace | inpaint: defaults for grow / feather / audio
+    audio_mode: str | None = None  # keep | regenerate | blend; None or "preset": the preset's
+    audio_level: float | None = None  # blend level 0..1 (1 = regenerate); None: the preset's
+    mask_grow: int | None = None  # px at the canvas size; None: the preset's
+    mask_feather: int | None = None  # px; None: the preset's
 
     @property
     def task(self) -> str:
+        if self.source_frames is not None:
+            return "edit"
         if self.references:
             return "ref2va"
         if self.first_frame is not None or self.last_frame is not None:
@@ -50,6 +63,8 @@ class H3Request:
     def validate(self) -> None:
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise RequestError("The prompt is empty: MiniMax-H3 needs a text prompt for every task.")
+        if self.source_frames is not None or self.mask is not None:
+            self._validate_edit()
         if self.references and (self.first_frame is not None or self.last_frame is not None):
             raise RequestError("Give either keyframes (first/last frame) or references, not both: they are "
                                "different tasks (fl2va vs ref2va).")
@@ -71,6 +86,20 @@ class H3Request:
         check_reference_counts([r.kind for r in self.references])
 
 
+    def _validate_edit(self) -> None:
+        from .editing import check_mask_shape, resolve_preset
+
+        if self.source_frames is None or self.mask is None:
+            raise RequestError("An edit needs both a source video and a mask (1 = regenerate, 0 = keep).")
+        if self.references or self.first_frame is not None or self.last_frame is not None:
+            raise RequestError("An edit takes a source video and a mask; keyframes and references belong to the "
+                               "other tasks.")
+        check_mask_shape(tuple(np.shape(self.mask)), tuple(np.shape(self.source_frames)))
+        resolve_preset(self.preset, self.mask_grow, self.mask_feather, self.audio_mode, self.audio_level)
+        if self.source_audio is not None and self.source_sample_rate is None:
+            raise RequestError("source_audio needs source_sample_rate.")
+
+
 @dataclass
 class H3Result:
     """video_latents [1, 24, T, h, w] and audio_latents [2, 32, Ta] float32 CPU (the reference's unpacked layout);
@@ -84,3 +113,4 @@ class H3Result:
     sample_rate: int
     fps: int = FPS
     timings: dict = field(default_factory=dict)
+    edit: dict | None = None  # task "edit": masks on the latent grids, source latents, resolved preset values

@@ -1,0 +1,165 @@
+"""The "edit" task: latent mask editing on the t2va partition (math and conventions: editing.py's docstring).
+
+Packed layout is t2va's ([text | target audio | target video], no condition rows): source rows are not extra rows,
+they are the target rows themselves, held at their anchor where the mask keeps them. Noise is drawn in t2va's order
+(video [1, 24, T, h, w], then audio rows [2*Ta, 32]) from torch.Generator('cpu').manual_seed(seed), so an all-ones
+mask with audio "regenerate" reproduces t2va's latents for the same prompt, size and seed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ...models.h3_ops import RowSegments, rope_tables
+from ...models.h3_transformer import MODALITY_COUNT
+from ...parallel.ulysses import SequenceShard
+from .editing import (audio_row_mask, blend, composite_frames, mask_to_latent_grid, prepare_audio, prepare_source,
+                      resolve_preset, row_timesteps)
+from .geometry import AUDIO_LATENTS_PER_SECOND, RequestError, resolve_geometry
+from .layout import CONDITION_T, audio_rows_to_latents, build_layout, patchify, unpatchify
+from .request import H3Request, H3Result
+from .schedule import DualSchedule
+
+
+@torch.no_grad()
+def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> H3Result:
+    """pipe: the H3Pipeline (its components, rank/world and text sharing). Returns task "edit" with `edit` info:
+    restore mask [T_lat, h, w], token mask [T_lat, h/2, w/2], audio row mask [2*Ta], source latents (video
+    [1, 24, T, h, w], audio [2, 32, Ta]) and the resolved preset values."""
+    from .pipeline import Cancelled, decode_frames_to_host
+    from .decode import decode_audio, iter_decode_video
+
+    req.validate()
+    c, timings = pipe.c, {}
+    t0 = time.perf_counter()
+    if not c.has_partition("edit"):
+        raise RequestError("This model folder has no transformer/ partition, which the edit task needs.")
+    patch = c.patch_size
+    multiple = c.spatial_ratio * patch[2]
+    grow, feather, mode, level = resolve_preset(req.preset, req.mask_grow, req.mask_feather, req.audio_mode,
+                                                req.audio_level)
+    src = prepare_source(req.source_frames, req.mask, req.source_fps, grow, feather, multiple,
+                         c.options.canvas_max_pixels, c.frames_per_chunk, c.latents_per_chunk)
+    n_frames, height, width = src.frames.shape[:3]
+    geo = resolve_geometry(n_frames, height, width, c.spatial_ratio, multiple, c.frames_per_chunk,
+                           c.latents_per_chunk)
+    masks = mask_to_latent_grid(src.mask, c.spatial_ratio, patch[1:], c.frames_per_chunk,
+                                int(c.vae.temporal_compression_ratio))
+    want = (geo.latent_frames, geo.latent_height // patch[1], geo.latent_width // patch[2])
+    if tuple(masks.token.shape) != want:
+        raise RuntimeError(f"Token mask {tuple(masks.token.shape)} does not match the latent grid {want}.")
+    dev, dit = c.device, c.transformer_for("edit")
+
+    # 1. text, source latents (video: the conditioning encoder's fixed-seed posterior sample; audio: posterior mode)
+    text, tags = pipe._shared_text(lambda: c.text.encode_prompt(req.prompt, None))
+    layout = build_layout(tags, geo, patch)
+    clean_video = c.cond.encode_video(src.frames)
+    if tuple(clean_video.shape[2:]) != (geo.latent_frames, geo.latent_height, geo.latent_width):
+        raise RuntimeError(f"Encoded source {tuple(clean_video.shape)} does not match the geometry {geo}.")
+    hop = c.audio_rate // AUDIO_LATENTS_PER_SECOND
+    wave, valid = prepare_audio(req.source_audio, req.source_sample_rate, c.audio_rate, geo.audio_latents * hop)
+    clean_audio = c.cond.encode_audio(wave).reshape(2, -1, c.audio_channels)
+    ta = geo.audio_latents
+    if clean_audio.shape[1] < ta:  # encoder rounding: pad the tail (it is regenerated anyway)
+        clean_audio = torch.cat([clean_audio, clean_audio.new_zeros(2, ta - clean_audio.shape[1],
+                                                                     clean_audio.shape[2])], 1)
+    clean_audio = clean_audio[:, :ta].reshape(2 * ta, -1).contiguous()
+    audio_mask = audio_row_mask(ta, min(valid // hop, ta), mode, level)
+    timings["encode_s"] = time.perf_counter() - t0
+
+    # 2. noise in t2va's draw order; anchors
+    gen = torch.Generator("cpu").manual_seed(req.seed)
+    video_noise = torch.randn((1, c.latent_channels, geo.latent_frames, geo.latent_height, geo.latent_width),
+                              generator=gen, dtype=torch.float32)
+    audio_noise = torch.randn((ta * 2, c.audio_channels), generator=gen, dtype=torch.float32)
+    t_keep = torch.tensor(CONDITION_T, dtype=torch.float32)
+    clean_v = patchify(clean_video, patch)
+    noise_v = patchify(video_noise, patch)
+    anchor_v = (t_keep * clean_v + (1.0 - t_keep) * noise_v).to(dev)
+    anchor_a = clean_audio.to(dev)
+    video_mask = masks.token_rows()
+
+    # 3. denoise
+    t1 = time.perf_counter()
+    schedule = DualSchedule.make(req.steps + 1, req.video_shift, req.audio_shift)
+    state_v, state_a = _denoise(pipe, dit, layout, text.to(dev), noise_v.to(dev), audio_noise.to(dev), anchor_v,
+                                anchor_a, video_mask, audio_mask, schedule, on_step, should_stop, Cancelled)
+    timings["denoise_s"] = time.perf_counter() - t1
+
+    # 4. restore: kept cells are the clean source exactly
+    restore_v = masks.restore_rows(patch, c.latent_channels)
+    final_v = torch.lerp(clean_v, state_v.float().cpu(), restore_v)
+    final_a = torch.lerp(clean_audio, state_a.float().cpu(), audio_mask[:, None])
+    video_latents = unpatchify(final_v, c.latent_channels, geo.latent_frames, geo.latent_height, geo.latent_width,
+                               patch)
+    audio_latents = audio_rows_to_latents(final_a, ta)
+
+    frames = audio = None
+    if req.decode:
+        t2 = time.perf_counter()
+        if pipe.world > 1 and pipe.rank != 0:  # decode clips for rank 0, which assembles both videos
+            for latents in (video_latents, clean_video):
+                for _ in iter_decode_video(c.vae, latents, dev, SequenceShard(pipe.rank, pipe.world, 1)):
+                    pass
+        else:
+            shard = SequenceShard(pipe.rank, pipe.world, 1) if pipe.world > 1 else None
+            edited = decode_frames_to_host(c.vae, video_latents, dev, geo, shard)
+            recon = decode_frames_to_host(c.vae, clean_video, dev, geo, shard)
+            frames = composite_frames(recon, edited, src.mask)
+            audio = decode_audio(c.audio_vae, audio_latents, dev)
+        timings["decode_s"] = time.perf_counter() - t2
+    timings["total_s"] = time.perf_counter() - t0
+    info = {"preset": req.preset, "mask_grow": grow, "mask_feather": feather, "audio_mode": mode,
+            "audio_level": level, "restore_mask": masks.restore, "token_mask": masks.token,
+            "audio_mask": audio_mask, "source_video_latents": clean_video,
+            "source_audio_latents": audio_rows_to_latents(clean_audio, ta), "width": width, "height": height,
+            "num_frames": n_frames}
+    return H3Result("edit", video_latents, audio_latents, frames, audio, c.audio_rate, timings=timings, edit=info)
+
+
+def _denoise(pipe, dit, layout, text, state_v, state_a, anchor_v, anchor_a, video_mask, audio_mask,
+             schedule: DualSchedule, on_step, should_stop, cancelled_type):
+    """Target rows only (t2va layout: no condition rows). state_* start as the seeded noise, float32 on the device."""
+    dev = state_v.device
+    dl = layout.to(dev)
+    shard = None if pipe.world == 1 else SequenceShard(pipe.rank, pipe.world, layout.seq_len)
+    local = (lambda t: t) if shard is None else shard.local
+    cos, sin = rope_tables(dl.position_ids, dit.rope_inv_freq)
+    rope = (local(cos), local(sin))
+    vi, ai = layout.video_indices, layout.audio_indices
+    mv, ma = video_mask.to(dev), audio_mask.to(dev)
+    n = schedule.num_evaluations
+    for i in range(n):
+        stop = should_stop is not None and should_stop()
+        if shard is not None:
+            stop = shard.any(stop)
+        if stop:
+            raise cancelled_type(f"Stopped before step {i + 1}/{n}.")
+        sv, sa = schedule.video_sigmas[i], schedule.audio_sigmas[i]
+        tv, ta = row_timesteps(video_mask, sv), row_timesteps(audio_mask, sa)
+        row_t = torch.full((layout.seq_len,), float(1.0 - sv), dtype=torch.float32)  # text rides the video clock
+        row_t[vi] = tv
+        row_t[ai] = ta
+        ts, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
+        adaln_rows = row_index * MODALITY_COUNT + layout.token_tags
+        segments = (RowSegments.from_rows(local(adaln_rows)), RowSegments.from_rows(local(row_index)))
+        x_v, x_a = blend(anchor_v, state_v, mv), blend(anchor_a, state_a, ma)
+        v_pred, a_pred = dit(x_v[None], x_a[None], text, ts.to(dev), row_index.to(dev), dl.token_tags,
+                             dl.position_ids, dl.video_indices, dl.audio_indices, dl.text_indices,
+                             rope=rope, segments=segments, shard=shard)
+        state_v = _step(state_v, x_v, v_pred[0], tv.to(dev), sv, schedule.video_sigmas[i + 1])
+        state_a = _step(state_a, x_a, a_pred[0], ta.to(dev), sa, schedule.audio_sigmas[i + 1])
+        if on_step is not None:
+            on_step(i + 1, n)
+    return state_v, state_a
+
+
+def _step(state, x_in, velocity, row_t, sigma, sigma_next):
+    """x0 from the model's own input and row timestep; then state <- r * state + (1 - r) * x0 (float32)."""
+    x0 = x_in.float() + (1.0 - row_t)[:, None] * velocity.float()
+    ratio = (sigma_next / sigma).to(state.device, torch.float32)
+    return ratio * state.float() + (1.0 - ratio) * x0

@@ -1,0 +1,97 @@
+"""`python -m comfyui_h3 edit`: mask editing of one video through the engine (the node's worker path), saved as MP4.
+
+Mask files: an image (PNG, ...) applies to every frame; a video (mp4, ...) is read as luma, one mask frame per video
+frame; an .npz holds array 'mask' ([T, H, W] or [H, W], float 0..1 or uint8 0..255). 1 / white = regenerate."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def load_mask(path: str) -> np.ndarray:
+    """-> float32 [T, H, W] or [H, W] in 0..1."""
+    from .backend.media.images import IMAGE_EXTENSIONS
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Mask file not found: {path}")
+    ext = Path(path).suffix.lower()
+    if ext == ".npz":
+        with np.load(path) as data:
+            if "mask" not in data:
+                raise ValueError(f"{path} has no array named 'mask' (it has {', '.join(data.files) or 'none'}).")
+            mask = np.asarray(data["mask"])
+    elif ext in IMAGE_EXTENSIONS:
+        from PIL import Image
+
+        with Image.open(path) as image:
+            mask = np.asarray(image.convert("L"))
+    else:
+        from .backend.media.decode import decode_video
+
+        frames = decode_video(path).frames.numpy().astype(np.float32)
+        mask = frames @ np.array([0.299, 0.587, 0.114], dtype=np.float32)  # BT.601 luma, 0..255
+    if mask.dtype == np.uint8 or (mask.size and mask.max() > 1.0):
+        mask = mask.astype(np.float32) / 255.0
+    if mask.ndim not in (2, 3):
+        raise ValueError(f"The mask must be [frames, height, width] or [height, width], got {mask.shape} from {path}.")
+    return np.clip(mask.astype(np.float32), 0.0, 1.0)
+
+
+def build_request(args):
+    from .backend.media.decode import decode_video
+    from .backend.pipelines.h3.request import H3Request
+
+    if not os.path.isfile(args.video):
+        raise FileNotFoundError(f"Video not found: {args.video}")
+    clip = decode_video(args.video)
+    return H3Request(
+        prompt=args.prompt, steps=args.steps, seed=args.seed, video_shift=args.video_shift,
+        audio_shift=args.audio_shift, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),
+        source_audio=clip.audio, source_sample_rate=clip.sample_rate, mask=load_mask(args.mask), preset=args.mode,
+        audio_mode=args.audio_mode, audio_level=args.audio_level, mask_grow=args.mask_grow,
+        mask_feather=args.mask_feather, decode=True,
+    )
+
+
+def edit(args, model_dir: str) -> int:
+    from . import comfy_services as services
+    from .backend.engine import EngineCancelled, get_engine
+    from .backend.engine_config import EngineConfig
+    from .backend.media.save import write_mp4
+    from .cli_generate import _save_latents
+
+    for path in (args.out, args.save_latents):
+        if path and os.path.exists(path):
+            raise FileExistsError(f"{path} exists; outputs are never overwritten.")
+    request = build_request(args)
+    request.validate()
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    engine = get_engine(EngineConfig(model_dir=model_dir, device=args.device, dtype=dtype))
+    reporter = services.ProgressReporter(args.steps, desc="edit")
+    stop = {"flag": False}
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
+    try:
+        result = engine.generate(request, progress=lambda d, t: reporter.update_absolute(d, t),
+                                 should_cancel=lambda: stop["flag"])
+    except EngineCancelled:
+        print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        engine.shutdown()
+    if args.save_latents:
+        _save_latents(args.save_latents, result)
+        print(args.save_latents)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    print(write_mp4(os.path.abspath(args.out), result.frames, result.fps, result.audio, result.sample_rate))
+    info = result.edit or {}
+    print(f"edit ({args.mode}): grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
+          f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "
+          f"{info.get('num_frames')} frames; timings "
+          + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()), file=sys.stderr)
+    return 0

@@ -1,0 +1,102 @@
+// ComfyUI glue of H3 Mask Draw: mounts the MaskEditor (mask_canvas.js) in the node as a DOM widget, shows the frames
+// of the upstream H3 Load Video (served by the pack's /h3/video_info and /h3/video_frame routes) and keeps the drawing
+// in the node's `mask_state` STRING widget (hidden), so the workflow saves it.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+import { MaskEditor } from "./mask_canvas.js";
+
+const LOADER_OPTIONS = ["video", "path", "force_rate", "skip_first_frames", "frame_load_cap", "select_every_nth",
+  "max_seconds", "resize", "fit", "width", "height"];
+
+function widget(node, name) {
+  return node.widgets?.find((w) => w.name === name);
+}
+
+function upstreamLoader(node) {
+  const input = node.inputs?.find((i) => i.name === "video");
+  const link = input?.link != null ? node.graph?.links?.[input.link] ?? node.graph?.links?.get?.(input.link) : null;
+  const origin = link ? node.graph.getNodeById(link.origin_id) : null;
+  if (!origin || origin.type !== "H3_LoadVideo") return null;
+  const params = new URLSearchParams();
+  for (const name of LOADER_OPTIONS) {
+    const w = widget(origin, name);
+    if (w && w.value !== undefined && w.value !== null && w.value !== "") params.set(name, String(w.value));
+  }
+  return params.get("video") || params.get("path") ? params : null;
+}
+
+app.registerExtension({
+  name: "comfyui_h3.MaskDraw",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData?.name !== "H3_MaskDraw") return;
+    const onNodeCreated = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const result = onNodeCreated?.apply(this, arguments);
+      const node = this;
+      const stateWidget = widget(node, "mask_state");
+      if (stateWidget) {  // keep it (it is what the workflow saves) but out of sight
+        stateWidget.hidden = true;
+        stateWidget.computeSize = () => [0, -4];
+        if (stateWidget.element) stateWidget.element.style.display = "none";
+      }
+      const root = document.createElement("div");
+      root.style.cssText = "display:flex;flex-direction:column;gap:3px;width:100%";
+      let source = null;
+      const settingsWidgets = ["grow", "feather", "invert"].map((n) => widget(node, n));
+      const editor = new MaskEditor(root, {
+        state: stateWidget?.value || "",
+        frameCount: 1,
+        frameUrl: (n) => (source ? api.apiURL(`/h3/video_frame?${source}&frame=${n}&max_size=512`) : null),
+        onChange: (json) => { if (stateWidget) stateWidget.value = json; node.setDirtyCanvas?.(true, true); },
+        onSettings: ({ grow, feather, invert }) => {
+          if (settingsWidgets[0]) settingsWidgets[0].value = grow;
+          if (settingsWidgets[1]) settingsWidgets[1].value = feather;
+          if (settingsWidgets[2]) settingsWidgets[2].value = invert;
+        },
+      });
+      node.h3MaskEditor = editor;
+      for (const w of settingsWidgets) {
+        if (!w) continue;
+        const callback = w.callback;
+        w.callback = function () {
+          const r = callback?.apply(this, arguments);
+          editor.setSettings({ grow: settingsWidgets[0]?.value, feather: settingsWidgets[1]?.value, invert: settingsWidgets[2]?.value });
+          if (stateWidget) stateWidget.value = JSON.stringify(editor.state);
+          return r;
+        };
+      }
+      node.addDOMWidget("mask_editor", "h3_mask_editor", root, { serialize: false, hideOnZoom: false });
+      // Follow the upstream loader: refresh the timeline when its file or options change.
+      let key = null;
+      const poll = async () => {
+        const params = upstreamLoader(node);
+        const next = params ? params.toString() : "";
+        if (next === key) return;
+        key = next;
+        source = next || null;
+        if (!source) { editor.setVideo({ frameCount: 1 }); return; }
+        try {
+          const info = await (await api.fetchApi(`/h3/video_info?${source}`)).json();
+          if (key !== next) return;
+          if (info.error) { console.warn("H3 Mask Draw:", info.error); editor.setVideo({ frameCount: 1 }); return; }
+          editor.setVideo({ width: info.width, height: info.height, frameCount: info.frame_count });
+          if (stateWidget) stateWidget.value = JSON.stringify(editor.state);
+        } catch (err) {
+          console.warn("H3 Mask Draw: no frame info", err);
+        }
+      };
+      const timer = setInterval(poll, 1000);
+      const onRemoved = node.onRemoved;
+      node.onRemoved = function () { clearInterval(timer); editor.destroy(); return onRemoved?.apply(this, arguments); };
+      const onConfigure = node.onConfigure;
+      node.onConfigure = function () {
+        const r = onConfigure?.apply(this, arguments);
+        if (stateWidget?.value) editor.setState(stateWidget.value);
+        key = null;
+        return r;
+      };
+      node.setSize?.([Math.max(node.size?.[0] ?? 0, 420), Math.max(node.size?.[1] ?? 0, 520)]);
+      return result;
+    };
+  },
+});

@@ -1,0 +1,110 @@
+"""H3 Edit: remove / replace / inpaint what a mask covers in a video, keeping the rest of it (and its sound).
+
+Thin: adapts VIDEO / MASK / AUDIO to an H3Request with task "edit"; the math lives in backend/pipelines/h3/editing.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..backend.pipelines.h3.editing import AUDIO_MODES, PRESETS
+from ..backend.pipelines.h3.request import H3Request
+from ..types import H3Latents
+from ..video_types import H3Video
+from .adapters import audio_to_waveform, waveform_to_audio
+from .sample import MAX_SEED, run_engine
+
+
+def mask_to_array(mask) -> np.ndarray:
+    """MASK [T, H, W] or [H, W] (float 0..1, 1 = regenerate) -> float32 numpy, same shape."""
+    if mask is None:
+        raise ValueError("H3 Edit needs a mask (1 = regenerate, 0 = keep).")
+    m = torch.as_tensor(mask).detach().float().cpu()
+    if m.ndim not in (2, 3):
+        raise ValueError(f"MASK must be [frames, height, width] or [height, width], got {tuple(m.shape)}.")
+    return m.clamp(0.0, 1.0).numpy()
+
+
+class H3Edit:
+    CATEGORY = "H3"
+    FUNCTION = "edit"
+    RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
+    RETURN_NAMES = ("video", "audio", "latents")
+    DESCRIPTION = ("Edit a video with MiniMax-H3: regenerate what the mask covers (white = regenerate, black = keep) "
+                   "following the prompt, and keep everything else as the source. Presets: "
+                   + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()) + ".")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "engine": ("H3_ENGINE", {"tooltip": "From H3 Model Loader (needs the transformer/ partition)."}),
+                "video": ("VIDEO", {"tooltip": "The source: brought onto 24 fps, cut down to 17n+5 frames (5-15 s) "
+                                               "and centre-cropped to multiples of 32 (the mask likewise)."}),
+                "mask": ("MASK", {"tooltip": "What to regenerate: [frames, H, W] (one per video frame) or a single "
+                                             "frame for all; 1 = regenerate, 0 = keep, between = blend. Same size "
+                                             "as the video."}),
+                "preset": (list(PRESETS), {"default": "removal",
+                                           "tooltip": "removal: take the masked object out; replace: put the "
+                                                      "prompt's object there; inpaint: fill the hole to fit. Sets "
+                                                      "the mask growth / feather / audio defaults."}),
+                "prompt": ("STRING", {"multiline": True, "default": "",
+                                      "tooltip": "The whole edited video, as you want it (for removal: the scene "
+                                                 "without the object). Required."}),
+                "steps": ("INT", {"default": 50, "min": 1, "max": 200,
+                                  "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
+                                 "tooltip": "Same seed, same inputs -> same result."}),
+                "video_shift": ("FLOAT", {"default": 12.0, "min": 0.1, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the video schedule (release: 12)."}),
+                "audio_shift": ("FLOAT", {"default": 3.0, "min": 0.1, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the audio schedule (release: 3)."}),
+                "audio_mode": (["preset"] + list(AUDIO_MODES),
+                               {"default": "preset",
+                                "tooltip": "keep: the source soundtrack stays; regenerate: new sound from the "
+                                           "prompt; blend: partly regenerated (audio_level); preset: the preset's."}),
+                "audio_level": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.05,
+                                          "tooltip": "For blend: 0 = keep .. 1 = regenerate; -1 = the preset's."}),
+                "mask_grow": ("INT", {"default": -1, "min": -1, "max": 512,
+                                      "tooltip": "Grow the mask by this many pixels (at the edit size) first; "
+                                                 "-1 = the preset's (removal 32, replace 16, inpaint 8)."}),
+                "mask_feather": ("INT", {"default": -1, "min": -1, "max": 512,
+                                         "tooltip": "Soft edge outside the grown mask, in pixels, for the final "
+                                                    "pixel composite; -1 = the preset's."}),
+            },
+            "optional": {
+                "audio": ("AUDIO", {"tooltip": "Use this soundtrack as the source instead of the video's own."}),
+            },
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, prompt=None):
+        if isinstance(prompt, str) and not prompt.strip():
+            return "The prompt is empty: describe the edited video (and its sound)."
+        return True
+
+    def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=12.0, audio_shift=3.0,
+             audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None):
+        from ..video_types import video_to_frames_audio
+
+        frames, rate, wave, sr = video_to_frames_audio(video)
+        override = audio_to_waveform(audio)
+        if override is not None:
+            wave, sr = override
+        request = H3Request(
+            prompt=prompt, steps=steps, seed=seed, video_shift=video_shift, audio_shift=audio_shift,
+            source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
+            mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
+            audio_level=None if audio_level < 0 else audio_level,
+            mask_grow=None if mask_grow < 0 else mask_grow, mask_feather=None if mask_feather < 0 else mask_feather,
+        )
+        result = run_engine(engine, request, steps, unique_id)
+        info = result.edit or {}
+        summary = (f"preset {preset}: grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
+                   f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "
+                   f"{info.get('num_frames')} frames")
+        out = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
+        return {"ui": {"text": [summary]},
+                "result": (out, waveform_to_audio(result.audio, result.sample_rate),
+                           H3Latents(result.video_latents, result.audio_latents, result.fps))}
