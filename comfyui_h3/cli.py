@@ -159,6 +159,7 @@ def _demo(args) -> int:
     out_dir = os.path.abspath(args.out_dir or "output")
     os.environ["COMFYUI_H3_OUTPUT"] = out_dir
     os.environ.setdefault("COMFYUI_H3_INPUT", os.path.join(out_dir, "demo_inputs"))
+    os.environ.setdefault("COMFYUI_H3_TEMP", os.path.join(out_dir, "previews"))  # Mask Preview's MP4s
     print(f"tiny model: {ensure_tiny_model()}  (random weights: the videos are noise-like by design)")
     _write_demo_inputs(services.input_directory())
     made = []
