@@ -32,7 +32,8 @@ COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "workflows"
 LINK_NAME = "comfyui-h3"
-OUR_NODES = ("H3_ModelLoader", "H3_Sample", "H3_SaveVideo", "H3_LoadImage", "H3_LoadVideo", "H3_VideoComponents")
+OUR_NODES = ("H3_ModelLoader", "H3_Sample", "H3_SaveVideo", "H3_LoadImage", "H3_LoadVideo", "H3_VideoComponents",
+             "H3_Edit", "H3_MaskDraw", "H3_MaskPreview")
 START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 300
 

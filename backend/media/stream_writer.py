@@ -32,6 +32,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import abc
 from fractions import Fraction
 from typing import Any
 
@@ -44,16 +45,18 @@ DEFAULT_CHUNK_FRAMES = 16
 _STOP = object()
 
 
-class ChunkedFrameStream:
+class ChunkedFrameStream(abc.ABC):
     """The pipe: quantise on the frames' device, copy through `slots` (pinned) host buffers on a side stream, hand
     filled buffers to a background thread that calls `_consume_frames(host_uint8 [t, H, W, 3])`. Subclasses:
     StreamingVideoSaver (encodes) and HostFrameCollector (assembles the clip on the host)."""
 
+    @abc.abstractmethod
     def _consume_frames(self, frames: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Take one host uint8 chunk [t, H, W, 3] (runs on the background thread)."""
 
     def _consume_audio(self, waveform: Any, sample_rate: int | None) -> None:
-        raise NotImplementedError
+        """Take the soundtrack (only streams that write a file have one)."""
+        raise TypeError(f"{type(self).__name__} carries frames only, no audio.")
 
     def _complete(self) -> None:
         pass

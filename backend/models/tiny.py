@@ -80,6 +80,8 @@ from typing import Any
 
 import torch
 
+from .tiny_tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, build_tokenizer
+
 
 __all__ = [
     "make_tiny_h3",
@@ -289,38 +291,6 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "vae": ("diffusers", "AutoencoderKLMiniMaxH3"),
 }
 
-# Qwen's special tokens, in Qwen's id order, appended after the BPE vocabulary.
-_SPECIAL_TOKENS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-)
-
-# Words whose byte-level merge chains form the tiny BPE's merges (the rest of any text falls back to single bytes).
-_MERGE_WORDS = (" a", " cat", "cat", " the", " and", " video", " of", "Picture", " seconds", " dog", " on")
-
-# A minimal Qwen-style chat template (H3 itself never applies one: it tokenizes its presentation verbatim).
-_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Weights
 # --------------------------------------------------------------------------------------------------------------------
@@ -379,57 +349,6 @@ def _norm_except_dim(weight: torch.Tensor, dim: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _byte_symbols() -> list[str]:
-    """The byte-level BPE alphabet: printable bytes stand for themselves, the others map to code points from 256 up."""
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    symbols, shifted = [], 0
-    for byte in range(256):
-        if byte in printable:
-            symbols.append(chr(byte))
-        else:
-            symbols.append(chr(256 + shifted))
-            shifted += 1
-    return symbols
-
-
-def _build_tokenizer():
-    from transformers import Qwen2TokenizerFast
-
-    symbols = _byte_symbols()
-    vocab = {symbol: index for index, symbol in enumerate(symbols)}
-    merges: list[tuple[str, str]] = []
-    for word in _MERGE_WORDS:
-        pieces = [symbols[byte] for byte in word.encode("utf-8")]
-        while len(pieces) > 1:
-            pair = (pieces[0], pieces[1])
-            merged = pair[0] + pair[1]
-            if pair not in merges:
-                merges.append(pair)
-                vocab.setdefault(merged, len(vocab))
-            pieces = [merged] + pieces[2:]
-
-    # The special tokens get fixed ids right after the BPE vocabulary, in Qwen's order (the text encoder config
-    # hard-codes the vision ones); otherwise the tokenizer would number them in the order it registers them.
-    for token in _SPECIAL_TOKENS:
-        vocab[token] = len(vocab)
-    tokenizer = Qwen2TokenizerFast(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=list(_SPECIAL_TOKENS),
-        model_max_length=262144,
-        chat_template=_CHAT_TEMPLATE,
-    )
-    expected = {token: vocab[token] for token in _SPECIAL_TOKENS}
-    actual = dict(zip(_SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(list(_SPECIAL_TOKENS))))
-    if actual != expected:  # the text encoder config hard-codes these ids
-        raise RuntimeError(f"tiny tokenizer special-token ids moved: {actual} != {expected}")
-    return tokenizer
-
-
 def _build_processor(tokenizer):
     from transformers import Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
@@ -441,7 +360,7 @@ def _build_processor(tokenizer):
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,
-        chat_template=_CHAT_TEMPLATE,
+        chat_template=CHAT_TEMPLATE,
     )
 
 
@@ -449,7 +368,7 @@ def _text_encoder_config(tokenizer):
     from transformers import Qwen3VLConfig
 
     vocab_size = 64 * math.ceil(len(tokenizer) / 64)
-    ids = dict(zip(_SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(list(_SPECIAL_TOKENS))))
+    ids = dict(zip(SPECIAL_TOKENS, tokenizer.convert_tokens_to_ids(list(SPECIAL_TOKENS))))
     text_config = dict(TINY_TEXT_CONFIG, vocab_size=vocab_size)
     return Qwen3VLConfig(
         text_config=text_config,
@@ -573,7 +492,7 @@ def _write_indexes(root: pathlib.Path) -> None:
 
 
 def _build_into(root: pathlib.Path) -> None:
-    tokenizer = _build_tokenizer()
+    tokenizer = build_tokenizer()
     tokenizer.save_pretrained(root / "tokenizer")
     _build_processor(tokenizer).save_pretrained(root / "processor")
     _save_text_encoder(root / "text_encoder", tokenizer)
