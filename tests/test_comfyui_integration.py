@@ -394,3 +394,22 @@ def test_video_nodes_interoperate_with_core(comfy, tmp_path):
         probe = _probe_mp4(saved)
         assert probe["frames"] == 30 and probe["fps"] == 24.0 and probe["size"] == (64, 48), (name, probe)
         assert probe["audio"] == 1, (name, probe)
+
+
+def test_mask_widget_assets_and_frame_route(comfy):
+    """The mask editor's script is served, and its frame route reads only the input folder."""
+    import numpy as np
+
+    from comfyui_h3.backend.media.encode import Mp4Writer
+
+    with Mp4Writer(str(comfy.input_dir / "route_clip.mp4"), 64, 48, 24) as writer:
+        writer.write_frames(np.full((12, 48, 64, 3), 90, np.uint8))
+    for script in ("mask_draw.js", "mask_logic.js", "mask_canvas.js"):
+        with urllib.request.urlopen(f"{comfy.url}/extensions/{LINK_NAME}/{script}", timeout=10) as resp:
+            assert resp.status == 200 and b"function" in resp.read(), script
+    with urllib.request.urlopen(f"{comfy.url}/h3/video_frame?video=route_clip.mp4&frame=3&max_size=64",
+                                timeout=30) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("image/jpeg")
+        assert resp.read()[:2] == b"\xff\xd8"
+    status, _ = comfy.request("/h3/video_frame?video=../../etc/passwd&frame=0")
+    assert status in (400, 403, 404), status
