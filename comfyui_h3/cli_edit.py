@@ -6,7 +6,6 @@ frame; an .npz holds array 'mask' ([T, H, W] or [H, W], float 0..1 or uint8 0..2
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -59,31 +58,17 @@ def build_request(args):
 
 
 def edit(args, model_dir: str) -> int:
-    from . import comfy_services as services
-    from .backend.engine import EngineCancelled, get_engine
-    from .backend.engine_config import EngineConfig
     from .backend.media.save import write_mp4
-    from .cli_generate import _save_latents
+    from .cli_generate import _save_latents, run_on_engine
 
     for path in (args.out, args.save_latents):
         if path and os.path.exists(path):
             raise FileExistsError(f"{path} exists; outputs are never overwritten.")
     request = build_request(args)
     request.validate()
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    engine = get_engine(EngineConfig(model_dir=model_dir, device=args.device, dtype=dtype))
-    reporter = services.ProgressReporter(args.steps, desc="edit")
-    stop = {"flag": False}
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))
-    try:
-        result = engine.generate(request, progress=lambda d, t: reporter.update_absolute(d, t),
-                                 should_cancel=lambda: stop["flag"])
-    except EngineCancelled:
-        print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
+    result = run_on_engine(args, model_dir, request, "edit")
+    if result is None:
         return 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        engine.shutdown()
     if args.save_latents:
         _save_latents(args.save_latents, result)
         print(args.save_latents)

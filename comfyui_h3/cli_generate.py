@@ -50,9 +50,6 @@ def build_request(args):
 
 
 def generate(args, model_dir: str) -> int:
-    from . import comfy_services as services
-    from .backend.engine import EngineCancelled, get_engine
-    from .backend.engine_config import EngineConfig
     from .backend.media.save import save_new_mp4, write_mp4
 
     if args.out and os.path.exists(args.out):
@@ -63,20 +60,9 @@ def generate(args, model_dir: str) -> int:
         raise ValueError("--no-decode produces only latents: add --save-latents FILE.safetensors.")
     request = build_request(args)
     request.validate()
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    engine = get_engine(EngineConfig(model_dir=model_dir, device=args.device, dtype=dtype))
-    reporter = services.ProgressReporter(args.steps, desc="denoise")
-    stop = {"flag": False}
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))  # finish the step, then stop
-    try:
-        result = engine.generate(request, progress=lambda d, t: reporter.update_absolute(d, t),
-                                 should_cancel=lambda: stop["flag"])
-    except EngineCancelled:
-        print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
+    result = run_on_engine(args, model_dir, request, "denoise")
+    if result is None:
         return 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        engine.shutdown()
     if args.save_latents:
         _save_latents(args.save_latents, result)
         print(args.save_latents)
@@ -91,6 +77,29 @@ def generate(args, model_dir: str) -> int:
     print(f"task {result.task}; timings " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()),
           file=sys.stderr)
     return 0
+
+
+def run_on_engine(args, model_dir: str, request, desc: str):
+    """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
+    and stops. Returns the result, or None when stopped (nothing is written then)."""
+    from . import comfy_services as services
+    from .backend.engine import EngineCancelled, get_engine
+    from .backend.engine_config import EngineConfig
+
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    engine = get_engine(EngineConfig(model_dir=model_dir, device=args.device, dtype=dtype))
+    reporter = services.ProgressReporter(args.steps, desc=desc)
+    stop = {"flag": False}
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))  # finish the step, then stop
+    try:
+        return engine.generate(request, progress=lambda d, t: reporter.update_absolute(d, t),
+                               should_cancel=lambda: stop["flag"])
+    except EngineCancelled:
+        print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
+        return None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        engine.shutdown()
 
 
 def _save_latents(path: str, result) -> None:
