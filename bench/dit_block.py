@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cuda_timing import timed  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from comfyui_h3.backend.attention.dispatch import get_attention  # noqa: E402
 from comfyui_h3.backend.models.h3_ops import RowSegments, rope_inv_freq, rope_tables  # noqa: E402
@@ -25,22 +26,6 @@ from comfyui_h3.backend.models.h3_transformer import H3Block, H3TransformerConfi
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
-
-
-def timed(fn, iters: int, warmup: int = 2) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
 
 
 def main() -> None:

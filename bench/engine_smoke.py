@@ -7,7 +7,6 @@ the CUDA fp32 result against the CPU fp32 path (same seed). Also bf16 with compi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from cuda_timing import timed  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from comfyui_h3.backend.executor.mp_executor import _free_port  # noqa: E402
 from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig  # noqa: E402
@@ -30,21 +31,6 @@ from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: 
 def rows_for(seconds: float, text: int = 502) -> int:
     geo = resolve_geometry(frames_for_seconds(seconds), 768, 1344)
     return text + geo.audio_latents * 2 + geo.latent_frames * (geo.latent_height // 2) * (geo.latent_width // 2)
-
-
-def timed(fn, iters):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def main():
@@ -87,8 +73,8 @@ def main():
             sp = model(*inputs, shard=shard)
             results["sp1_vs_plain_video_rel_err"] = ((sp[0].float() - plain[0].float()).norm()
                                                      / plain[0].float().norm()).item()
-            results["plain_ms"] = timed(lambda: model(*inputs), args.iters)
-            results["sp1_ms"] = timed(lambda: model(*inputs, shard=shard), args.iters)
+            results["plain_ms"] = timed(lambda: model(*inputs), args.iters)[0]
+            results["sp1_ms"] = timed(lambda: model(*inputs, shard=shard), args.iters)[0]
         results["sp1_over_plain"] = results["sp1_ms"] / results["plain_ms"]
         results.update(rows=layout.seq_len, layers=args.layers, device=torch.cuda.get_device_name())
         dist.destroy_process_group()
