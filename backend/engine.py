@@ -25,7 +25,11 @@ class EngineOutOfMemory(EngineError):
 
 
 class EngineCancelled(EngineError):
-    pass
+    """Stopped by the caller. `extra`: what the job kept (an extension's finished windows: path, frames)."""
+
+    def __init__(self, message: str, extra: dict | None = None):
+        super().__init__(message)
+        self.extra = dict(extra or {})
 
 
 class Engine:
@@ -83,7 +87,7 @@ class Engine:
                 if failure.kind == "request":
                     raise RequestError(failure.message) from None
                 if failure.kind == "cancelled":
-                    raise EngineCancelled(failure.message) from None
+                    raise EngineCancelled(failure.message, failure.extra) from None
                 if self.config.world_size > 1:
                     # One rank failed mid-step: the others are blocked in a collective. Restart the group.
                     self._executor.shutdown(timeout=2.0)

@@ -62,7 +62,7 @@ def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sho
             result = pipeline.run(job.request, on_step=on_step, should_stop=should_stop)
         return Done(job.job_id, result if rank == 0 else None)
     except Cancelled as exc:
-        return Failed(job.job_id, "cancelled", str(exc))
+        return Failed(job.job_id, "cancelled", str(exc), extra=dict(getattr(exc, "extra", None) or {}))
     except RequestError as exc:
         return Failed(job.job_id, "request", str(exc))
     except torch.cuda.OutOfMemoryError as exc:

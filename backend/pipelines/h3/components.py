@@ -21,7 +21,8 @@ from .conditioning import ConditionEncoder
 from .text import TEXT_LAYER, TextEncoder
 
 REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
-TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref", "edit": "transformer"}
+TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref", "edit": "transformer",
+                  "extend": "transformer_ref"}
 
 
 def check_model_folder(folder: str | os.PathLike) -> Path:

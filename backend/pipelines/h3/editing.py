@@ -286,11 +286,35 @@ class EditSource:
     mask: torch.Tensor
 
 
+def fit_canvas(frames: np.ndarray, mask: torch.Tensor | None, multiple: int = 32, max_pixels: int = 768 * 1344
+               ) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Frames uint8 [F, H, W, 3] (+ mask [T, H, W]) -> area-downscaled (PIL BOX; the mask by area averaging) when
+    H*W exceeds `max_pixels`, then centre-CROPPED to multiples of `multiple` (kept pixels stay the source's own)."""
+    from PIL import Image
+
+    h, w = frames.shape[1:3]
+    if h * w > max_pixels:
+        scale = (max_pixels / (h * w)) ** 0.5
+        nh, nw = max(multiple, int(h * scale)), max(multiple, int(w * scale))
+        frames = np.stack([np.asarray(Image.fromarray(f).resize((nw, nh), Image.Resampling.BOX)) for f in frames])
+        if mask is not None:
+            mask = F.interpolate(mask[:, None], size=(nh, nw), mode="area")[:, 0]
+        h, w = nh, nw
+    ch, cw = h // multiple * multiple, w // multiple * multiple
+    if ch < multiple or cw < multiple:
+        raise RequestError(f"The source video is {w}x{h}; MiniMax-H3 needs at least {multiple}x{multiple}.")
+    if not 0.25 <= cw / ch <= 4.0:
+        raise RequestError(f"MiniMax-H3 supports aspect ratios 1:4 to 4:1, got {cw}x{ch}.")
+    top, left = (h - ch) // 2, (w - cw) // 2
+    frames = np.ascontiguousarray(frames[:, top:top + ch, left:left + cw])
+    if mask is not None:
+        mask = mask[:, top:top + ch, left:left + cw].clamp(0.0, 1.0)
+    return frames, mask
+
+
 def prepare_source(frames: np.ndarray, mask, fps: float, grow: int, feather: int, multiple: int = 32,
                    max_pixels: int = 768 * 1344, clip_length: int = 17, keep: int = 5) -> EditSource:
     """Bring frames + mask onto H3's grid (see the module docstring, steps 1-4)."""
-    from PIL import Image
-
     frames = np.asarray(frames)
     mask = torch.as_tensor(np.asarray(mask, dtype=np.float32))
     check_mask_shape(tuple(mask.shape), frames.shape)
@@ -311,21 +335,7 @@ def prepare_source(frames: np.ndarray, mask, fps: float, grow: int, feather: int
     frames = frames[:n]
     mask = mask[:n] if mask.shape[0] > 1 else mask
     # 3. size: area-downscale over the pixel cap, then centre-crop to multiples of `multiple`
-    h, w = frames.shape[1:3]
-    if h * w > max_pixels:
-        scale = (max_pixels / (h * w)) ** 0.5
-        nh, nw = max(multiple, int(h * scale)), max(multiple, int(w * scale))
-        frames = np.stack([np.asarray(Image.fromarray(f).resize((nw, nh), Image.Resampling.BOX)) for f in frames])
-        mask = F.interpolate(mask[:, None], size=(nh, nw), mode="area")[:, 0]
-        h, w = nh, nw
-    ch, cw = h // multiple * multiple, w // multiple * multiple
-    if ch < multiple or cw < multiple:
-        raise RequestError(f"The source video is {w}x{h}; MiniMax-H3 needs at least {multiple}x{multiple}.")
-    top, left = (h - ch) // 2, (w - cw) // 2
-    frames = np.ascontiguousarray(frames[:, top:top + ch, left:left + cw])
-    mask = mask[:, top:top + ch, left:left + cw].clamp(0.0, 1.0)
-    if not 0.25 <= cw / ch <= 4.0:
-        raise RequestError(f"MiniMax-H3 supports aspect ratios 1:4 to 4:1, got {cw}x{ch}.")
+    frames, mask = fit_canvas(frames, mask, multiple, max_pixels)
     # 4. grow + feather at the canvas size; a single mask frame broadcasts over time
     mask = grow_and_feather(mask, grow, feather)
     if mask.shape[0] == 1:

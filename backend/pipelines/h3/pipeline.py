@@ -81,6 +81,10 @@ class H3Pipeline:
             from .editing_loop import run_edit
 
             return run_edit(self, req, on_step, should_stop)
+        if req.task == "extend":  # continuation window by window (extension_loop.py)
+            from .extension_loop import run_extend
+
+            return run_extend(self, req, on_step, should_stop)
         c, timings = self.c, {}
         t0 = time.perf_counter()
         geo, keyframes, anchors = self.resolve(req)

@@ -114,3 +114,81 @@ class H3Result:
     fps: int = FPS
     timings: dict = field(default_factory=dict)
     edit: dict | None = None  # task "edit": masks on the latent grids, source latents, resolved preset values
+    extend: dict | None = None  # task "extend": windows, frame counts, output path
+
+
+@dataclass
+class H3ExtendRequest:
+    """Continue a video past one pass (extension_loop.py has the method). The source is either decoded media
+    (`source_frames` uint8 [T, H, W, 3] at `source_fps`, optional `source_audio` [C, N] at `source_sample_rate`:
+    brought onto 24 fps and a 32-multiple canvas, cut DOWN to 17n+5 frames, encoded once) or the latents of an earlier
+    H3 run (`source_video_latents` [1, 24, 5n+2, h, w] + `source_audio_latents` [2, 32, Ta], normalised).
+
+    `added_frames` is a multiple of 17 (extension_plan.added_frames_for). Audio: "continue" generates the soundtrack
+    on, guided by the source's; "lock" holds a driving soundtrack clean (`driving_audio` [C, N] at
+    `driving_sample_rate`, aligned with the start of the source; None: the source's own) and the output carries it.
+    `output_path`: an empty file reserved with media.encode.next_free_path; the worker streams the result into it
+    (H.264 at `crf` / `preset`, AAC) and publishes it complete. None: the frames come back in the result instead."""
+
+    prompts: list[str]
+    added_frames: int
+    window_frames: int = 277
+    overlap_frames: int = 22
+    source_frames: np.ndarray | None = None
+    source_fps: float = float(FPS)
+    source_audio: torch.Tensor | None = None
+    source_sample_rate: int | None = None
+    source_video_latents: torch.Tensor | None = None
+    source_audio_latents: torch.Tensor | None = None
+    audio_mode: str = "continue"
+    driving_audio: torch.Tensor | None = None
+    driving_sample_rate: int | None = None
+    steps: int = 50
+    video_shift: float = 12.0
+    audio_shift: float = 3.0
+    seed: int = 0
+    output_path: str | None = None
+    crf: int = 18
+    preset: str = "veryfast"
+    metadata: dict = field(default_factory=dict)
+
+    task = "extend"
+
+    def validate(self) -> None:
+        from .extension_plan import CLIP, check_window_settings
+
+        prompts = [self.prompts] if isinstance(self.prompts, str) else list(self.prompts or [])
+        if not prompts or any(not isinstance(p, str) or not p.strip() for p in prompts):
+            raise RequestError("Every extension window needs a prompt: give one for all windows, or one per window "
+                               "(none may be empty).")
+        self.prompts = prompts
+        has_frames = self.source_frames is not None
+        has_latents = self.source_video_latents is not None
+        if has_frames == has_latents:
+            raise RequestError("Give the extension one source: a video, or the latents of an earlier H3 node.")
+        if has_latents:
+            v, a = self.source_video_latents, self.source_audio_latents
+            if v.ndim != 5 or v.shape[0] != 1 or (v.shape[2] - 2) % 5:
+                raise RequestError(f"Source latents must be [1, C, 5n+2, h, w], got {tuple(v.shape)}.")
+            if a is None or a.ndim != 3 or a.shape[0] != 2:
+                raise RequestError("Source latents need their audio latents [2, 32, Ta].")
+        else:
+            shape = tuple(np.shape(self.source_frames))
+            if len(shape) != 4 or shape[-1] != 3:
+                raise RequestError(f"The source video must be uint8 [frames, height, width, 3], got {shape}.")
+            if not self.source_fps or self.source_fps <= 0:
+                raise RequestError(f"The source video needs a positive frame rate, got {self.source_fps}.")
+        if self.audio_mode not in ("continue", "lock"):
+            raise RequestError(f"audio_mode must be 'continue' or 'lock', got {self.audio_mode!r}.")
+        if self.audio_mode == "lock" and self.driving_audio is None and (has_latents or self.source_audio is None):
+            raise RequestError("audio_mode 'lock' needs a driving soundtrack: connect audio, or a source video that "
+                               "has one.")
+        if self.added_frames <= 0 or self.added_frames % CLIP:
+            raise RequestError(f"Frames to add must be a positive multiple of {CLIP}, got {self.added_frames}.")
+        check_window_settings(self.window_frames, self.overlap_frames)
+        if not 1 <= self.steps <= 1000:
+            raise RequestError(f"steps must be between 1 and 1000, got {self.steps}.")
+        if self.video_shift <= 0 or self.audio_shift <= 0:
+            raise RequestError("Shifts must be positive.")
+        if not 0 <= self.seed < 2**64:
+            raise RequestError(f"seed must be in [0, 2^64), got {self.seed}.")

@@ -1,0 +1,99 @@
+"""Where an extension's media goes while it is made: appended latents are decoded piece by piece
+(stream_decode) and handed to a sink as soon as they are final, so a long result needs no more memory than one
+window. Sinks: `FileSink` (the fast save path: uint8 on the device, pinned double buffers, encoder thread, published
+complete under its reserved name) and `MemorySink` (frames on the host, for callers that want tensors)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .geometry import FPS
+from .stream_decode import StreamingAudioDecoder, StreamingVideoDecoder
+
+
+class MemorySink:
+    def __init__(self):
+        self.frames: list[torch.Tensor] = []
+        self.audio: list[torch.Tensor] = []
+
+    def write(self, frames: torch.Tensor) -> None:
+        self.frames.append(frames.cpu())
+
+    def write_audio(self, wave: torch.Tensor, sample_rate: int) -> None:
+        self.audio.append(wave.cpu())
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.frames, self.audio = [], []
+
+    def result(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        frames = torch.cat(self.frames) if self.frames else None
+        audio = torch.cat(self.audio, dim=1) if self.audio else None
+        return frames, audio
+
+
+class FileSink:
+    """The request's reserved output file, written by media.stream_writer.StreamingVideoSaver."""
+
+    def __init__(self, path: str, width: int, height: int, device, sample_rate: int, crf: int, preset: str,
+                 metadata: dict):
+        from ...media.stream_writer import StreamingVideoSaver
+
+        self.saver = StreamingVideoSaver(path, width, height, FPS, device=device, reserved=True, crf=crf,
+                                         preset=preset, audio_sample_rate=sample_rate, metadata=metadata)
+        self.path = path
+
+    def write(self, frames: torch.Tensor) -> None:
+        self.saver.write(frames)
+
+    def write_audio(self, wave: torch.Tensor, sample_rate: int) -> None:
+        self.saver.write_audio(wave, sample_rate)
+
+    def close(self) -> None:
+        self.saver.close()
+
+    def abort(self) -> None:
+        self.saver.abort()
+
+
+class ExtensionOutput:
+    """append(video latents [1, 24, t, h, w], audio latents [2, 32, ta] or None) in timeline order; finish() -> frames
+    written. `locked_wave` [2, N] at the audio VAE's rate: the soundtrack is that waveform (cut to the video's length
+    at finish) instead of decoded latents."""
+
+    def __init__(self, c, device, sink, locked_wave: torch.Tensor | None = None):
+        self.sink, self.rate = sink, c.audio_rate
+        self.video = StreamingVideoDecoder(c.vae, device)
+        self.audio = None if locked_wave is not None else StreamingAudioDecoder(c.audio_vae, device)
+        self.locked_wave = locked_wave
+        self.frames = 0
+
+    def _write(self, chunks) -> None:
+        for chunk in chunks:
+            self.sink.write(chunk)
+            self.frames += int(chunk.shape[0])
+
+    def append(self, video_latents: torch.Tensor, audio_latents: torch.Tensor | None) -> None:
+        self._write(self.video.push(video_latents))
+        if self.audio is not None and audio_latents is not None:
+            wave = self.audio.push(audio_latents)
+            if wave.shape[1]:
+                self.sink.write_audio(wave, self.rate)
+
+    def finish(self) -> int:
+        self._write(self.video.finish())
+        if self.audio is not None:
+            wave = self.audio.finish()
+            if wave.shape[1]:
+                self.sink.write_audio(wave, self.rate)
+        else:
+            self.sink.write_audio(self.locked_wave[:, :math.ceil(self.frames * self.rate / FPS)], self.rate)
+        self.sink.close()
+        return self.frames
+
+    def abort(self) -> None:
+        self.sink.abort()
