@@ -1,4 +1,4 @@
-"""Command line: `python -m comfyui_h3 {generate,edit,run,demo,make-tiny} ...` (see --help of each)."""
+"""Command line: `python -m comfyui_h3 {generate,edit,extend,run,demo,make-tiny} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,32 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
                    help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
 
+    x = sub.add_parser("extend", help="Continue a video past 15 s, window by window, with its sound.")
+    x.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    x.add_argument("--video", required=True, help="The video to continue (cut down to 17n+5 frames at 24 fps).")
+    amount = x.add_mutually_exclusive_group()
+    amount.add_argument("--seconds", type=float, help="Seconds to add (rounded up to whole 17-frame chunks).")
+    amount.add_argument("--windows", type=int, help="Add this many full windows instead.")
+    x.add_argument("--prompt", action="append", default=[],
+                   help="What happens next; once for all windows, or repeated once per window.")
+    x.add_argument("--window-seconds", type=float, default=None,
+                   help="Window length in seconds (snapped to 17n+5 frames, at most 14.375 s); default 277 frames.")
+    x.add_argument("--window-frames", type=int, default=277, help="Window length in frames, 17n+5 (default 277).")
+    x.add_argument("--overlap-frames", type=int, default=22, help="Guide frames per window, 17n+5 (default 22).")
+    x.add_argument("--audio-mode", default="continue", choices=["continue", "lock"],
+                   help="continue: generate the soundtrack on; lock: keep the driving (or the source's) audio.")
+    x.add_argument("--driving-audio", default=None, help="Audio file for --audio-mode lock (from the source's start).")
+    x.add_argument("--steps", type=int, default=50, help="Denoising steps per window.")
+    x.add_argument("--seed", type=int, default=0)
+    x.add_argument("--video-shift", type=float, default=12.0)
+    x.add_argument("--audio-shift", type=float, default=3.0)
+    x.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
+    x.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    x.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    x.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
+    x.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
+                   help="Also write the latents of the whole result: video [1,24,T,h,w], audio [2,32,Ta].")
+
     r = sub.add_parser("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
     r.add_argument("workflow")
     r.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
@@ -85,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "run": _run,
+        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend, "run": _run,
                 "demo": _demo}[args.command](args)
     except KeyboardInterrupt:
         print("Stopped.", file=sys.stderr)
@@ -122,6 +148,15 @@ def _edit(args) -> int:
     from .cli_edit import edit
 
     return edit(args, _resolve_model(args.model))
+
+
+def _extend(args) -> int:
+    from .backend.pipelines.h3.geometry import frames_for_seconds
+    from .cli_extend import extend
+
+    if args.window_seconds is not None:
+        args.window_frames = frames_for_seconds(args.window_seconds)
+    return extend(args, _resolve_model(args.model))
 
 
 def _run(args) -> int:

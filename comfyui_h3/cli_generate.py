@@ -79,9 +79,10 @@ def generate(args, model_dir: str) -> int:
     return 0
 
 
-def run_on_engine(args, model_dir: str, request, desc: str):
+def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
     """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
-    and stops. Returns the result, or None when stopped (nothing is written then)."""
+    and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept).
+    `status(done, total)` -> the text in front of each progress line."""
     from . import comfy_services as services
     from .backend.engine import EngineCancelled, get_engine
     from .backend.engine_config import EngineConfig
@@ -92,10 +93,17 @@ def run_on_engine(args, model_dir: str, request, desc: str):
     stop = {"flag": False}
     previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))  # finish the step, then stop
     try:
-        return engine.generate(request, progress=lambda d, t: reporter.update_absolute(d, t),
-                               should_cancel=lambda: stop["flag"])
-    except EngineCancelled:
-        print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
+        def progress(done, total):
+            if status is not None:
+                reporter.set_text(status(done, total))
+            reporter.update_absolute(done, total)
+
+        return engine.generate(request, progress=progress, should_cancel=lambda: stop["flag"])
+    except EngineCancelled as exc:
+        if on_cancelled is not None:
+            on_cancelled(exc.extra)
+        else:
+            print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
         return None
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -4,6 +4,7 @@ it: core ships MiniMaxH3*, SeedVR2* and Minimax* API nodes) and never change onc
 from __future__ import annotations
 
 from .nodes.edit import H3Edit
+from .nodes.extend import H3Extend
 from .nodes.load_image import H3LoadImage
 from .nodes.load_video import H3LoadVideo, H3VideoComponents
 from .nodes.loader import H3ModelLoader
@@ -23,6 +24,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_Edit": H3Edit,
     "H3_MaskDraw": H3MaskDraw,
     "H3_MaskPreview": H3MaskPreview,
+    "H3_Extend": H3Extend,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -34,6 +36,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_Edit": "H3 Edit (remove / replace / inpaint)",
     "H3_MaskDraw": "H3 Mask Draw",
     "H3_MaskPreview": "H3 Mask Preview",
+    "H3_Extend": "H3 Extend (continue past 15 s)",
 }
 WEB_DIRECTORY = "./js"
 

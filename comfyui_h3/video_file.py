@@ -60,6 +60,15 @@ class H3FileVideo(H3Video):
             self._frames = decode_planned_frames(self.path, self.plan, self._progress)
         return self._frames
 
+    def iter_frames(self, chunk_frames: int = 16):
+        """Chunks straight from the file while it is not decoded whole (a long clip never sits in memory)."""
+        if self._frames is not None:
+            yield from super().iter_frames(chunk_frames)
+            return
+        from .backend.media.decode import iter_planned_frames
+
+        yield from iter_planned_frames(self.path, self.plan, chunk_frames)
+
     def _load_audio(self) -> None:
         if self._audio is _UNSET:
             from .backend.media.decode import decode_planned_audio

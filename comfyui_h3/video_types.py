@@ -138,6 +138,11 @@ class H3Video:
             return None
         return {"waveform": self.audio.detach().cpu()[None], "sample_rate": self.sample_rate}
 
+    def iter_frames(self, chunk_frames: int = _SAVE_CHUNK_FRAMES):
+        """uint8 chunks [<= chunk_frames, H, W, 3] in order (a file-backed video decodes them as it goes)."""
+        for start in range(0, self.frames.shape[0], chunk_frames):
+            yield self.frames[start:start + chunk_frames]
+
     def get_components(self):
         """images: float32 IMAGE [T, H, W, 3] on the CPU (built now, not cached), audio, frame_rate, metadata."""
         images = uint8_to_image(self.frames.detach().cpu())
@@ -216,7 +221,7 @@ class H3Video:
         tags.update(metadata or {})
         audio, stream_rate = self.audio, None
         if audio is not None:
-            limit = math.ceil(self.frames.shape[0] * self.sample_rate / self.frame_rate)
+            limit = math.ceil(self.get_frame_count() * self.sample_rate / self.frame_rate)
             audio = audio[:2, :limit].detach().cpu()
             stream_rate = self.sample_rate if self.sample_rate in AAC_SAMPLE_RATES else 48000
         width, height = self.get_dimensions()
@@ -233,8 +238,8 @@ class H3Video:
         ) as writer:
             if audio is not None:
                 writer.write_audio(audio, sample_rate=self.sample_rate)
-            for start in range(0, self.frames.shape[0], _SAVE_CHUNK_FRAMES):
-                writer.write_frames(self.frames[start : start + _SAVE_CHUNK_FRAMES])
+            for chunk in self.iter_frames(_SAVE_CHUNK_FRAMES):
+                writer.write_frames(chunk)
 
     # -- VideoInput: derived videos (cheap: slices of the uint8 frames) -----------------------------------------------
     def _derived(self, frames: torch.Tensor, audio: torch.Tensor | None) -> "H3Video":

@@ -110,8 +110,10 @@ class H3Sample:
                 H3Latents(result.video_latents, result.audio_latents, result.fps))
 
 
-def run_engine(handle, request, total_steps: int, node_id=None):
-    """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors."""
+def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None):
+    """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors.
+    `status(done, total)` -> a text shown on the node with each step; `on_cancelled(EngineCancelled)` -> the message
+    of the interrupt raised on Stop (e.g. naming what was kept)."""
     services.register_free_memory_hook(shutdown_all)  # ComfyUI's Unload Models / POST /free stops the workers
     engine = handle.engine()
     if not engine.started and handle.config.device.startswith("cuda"):
@@ -121,6 +123,8 @@ def run_engine(handle, request, total_steps: int, node_id=None):
 
     def progress(done, total):
         try:
+            if status is not None:
+                reporter.set_text(status(done, total))
             reporter.update_absolute(done, total)
         except services.interrupt_exception_types():
             stop["requested"] = True  # finish the step on the workers, then stop them cleanly
@@ -130,8 +134,9 @@ def run_engine(handle, request, total_steps: int, node_id=None):
 
     try:
         return engine.generate(request, progress=progress, should_cancel=should_cancel)
-    except EngineCancelled:
-        raise services.interrupt_exception_types()[-1]("Stopped by the user.") from None
+    except EngineCancelled as exc:
+        message = on_cancelled(exc) if on_cancelled is not None else "Stopped by the user."
+        raise services.interrupt_exception_types()[-1](message) from None
     except RequestError as exc:
         raise ValueError(str(exc)) from None
     except EngineError as exc:

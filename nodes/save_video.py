@@ -14,6 +14,7 @@ import os
 
 from .. import comfy_services as services
 from ..backend.media.encode import AAC_SAMPLE_RATES, CODECS, as_fraction, available_codecs, next_free_path
+from ..backend.media.save import ENCODING_TAG, copy_mp4, encoding_tag
 from ..backend.media.stream_writer import StreamingVideoSaver
 from ..video_types import as_h3_video
 from .adapters import audio_to_waveform
@@ -70,22 +71,49 @@ class H3SaveVideo:
             raise ValueError("H3 Save Video got both video and images: connect one of them.")
         if codec not in CODECS:
             raise ValueError(f"Unknown codec {codec!r}; this build offers {available_codecs()}.")
+        override = audio_to_waveform(audio)
+        out_dir = services.output_directory()
+        metadata = _metadata(prompt, extra_pnginfo)
         if images is not None:
             frames, rate = _image_frames(images), as_fraction(float(fps))
             wave = sample_rate = None
         else:
             clip = as_h3_video(video)
-            frames, rate, wave, sample_rate = clip.frames, clip.frame_rate, clip.audio, clip.sample_rate
-        override = audio_to_waveform(audio)
+            source = _copyable_file(clip, codec, crf, preset) if override is None else None
+            if source is not None:  # already exactly what this save would write: copy the packets
+                path = copy_mp4(source, next_free_path(out_dir, filename_prefix, CODECS[codec].ext), metadata,
+                                reserved=True)
+                return _preview(path, out_dir)
+            rate, wave, sample_rate = clip.frame_rate, clip.audio, clip.sample_rate
+            width, height = clip.get_dimensions()
+            frames = FrameChunks(clip.iter_frames(), clip.get_frame_count(), height, width)
         if override is not None:
             wave, sample_rate = override
-        out_dir = services.output_directory()
         path = save_streamed(out_dir, filename_prefix, frames, rate, wave, sample_rate, crf, preset, codec,
-                             metadata=_metadata(prompt, extra_pnginfo))
-        rel = os.path.relpath(path, out_dir)
-        subfolder, filename = os.path.split(rel)
-        return {"ui": {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
-                       "animated": (True,)}}
+                             metadata=metadata)
+        return _preview(path, out_dir)
+
+
+def _preview(path: str, out_dir: str) -> dict:
+    rel = os.path.relpath(path, out_dir)
+    subfolder, filename = os.path.split(rel)
+    return {"ui": {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
+                   "animated": (True,)}}
+
+
+class FrameChunks:
+    """uint8 chunks [t, H, W, 3] of a `count`-frame clip, in order (a file-backed VIDEO decoded as it is saved)."""
+
+    def __init__(self, chunks, count: int, height: int, width: int):
+        self.chunks, self.shape = chunks, (int(count), int(height), int(width), 3)
+
+
+def _copyable_file(clip, codec: str, crf, preset) -> str | None:
+    """The clip's own MP4 when it was written by this pack with exactly these settings (then saving is a copy)."""
+    path = getattr(clip, "source_path", None)
+    if codec != "h264" or not path or not os.path.isfile(path) or not path.lower().endswith(".mp4"):
+        return None
+    return path if clip.metadata.get(ENCODING_TAG) == encoding_tag("h264", crf, preset) else None
 
 
 def _image_frames(images):
@@ -104,7 +132,7 @@ def save_streamed(out_dir, prefix, frames, fps, wave=None, rate=None, crf=18, pr
                   metadata=None) -> str:
     """frames: uint8 [T, H, W, 3] or float [T, H, W, 3] in 0..1, on any device -> a new file; returns its path.
     Audio (float [C, S] at `rate`) is cut to the video's length and stored as AAC stereo."""
-    height, width = int(frames.shape[1]), int(frames.shape[2])
+    height, width = int(frames.shape[1]), int(frames.shape[2])  # a tensor, or FrameChunks
     stream_rate = None
     if wave is not None:
         keep = math.ceil(int(frames.shape[0]) * int(rate) / as_fraction(fps))
@@ -114,7 +142,8 @@ def save_streamed(out_dir, prefix, frames, fps, wave=None, rate=None, crf=18, pr
     saver = StreamingVideoSaver(path, width, height, fps, reserved=True, codec=codec, crf=crf, preset=preset,
                                 audio_sample_rate=stream_rate, metadata=metadata)
     with saver:
-        saver.write(frames)
+        for chunk in (frames.chunks if isinstance(frames, FrameChunks) else [frames]):
+            saver.write(chunk)
         if wave is not None:
             saver.write_audio(wave, sample_rate=int(rate))
     return saver.path

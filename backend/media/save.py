@@ -31,3 +31,44 @@ def save_new_mp4(out_dir: str, prefix: str, frames, fps, wave=None, rate: int | 
     """A new `<out_dir>/<prefix>_NNNNN.mp4` (never an existing name); returns its absolute path."""
     path = next_free_path(out_dir, prefix, ".mp4")  # reserved with O_EXCL: concurrent saves never collide
     return write_mp4(path, frames, fps, wave, rate, crf, preset, metadata=metadata, reserved=True)
+
+
+ENCODING_TAG = "comfyui_h3_encoding"  # how a pack-written MP4 was encoded: lets a later save copy it as is
+
+
+def encoding_tag(codec: str, crf: float, preset: str) -> str:
+    return f"{codec} crf={float(crf):g} preset={preset}"
+
+
+def copy_mp4(source: str, path: str, metadata: dict | None = None, reserved: bool = False) -> str:
+    """Copy an MP4's video + audio packets into a new file (no re-encode) with `metadata` added to its tags; published
+    complete under `path` only (temp file beside it; `reserved`: `path` is our empty placeholder)."""
+    import json
+    import os
+
+    import av
+
+    from .encode import _create_temp_beside, _publish
+
+    temp = _create_temp_beside(os.path.abspath(path))
+    try:
+        with av.open(source) as src, av.open(temp, mode="w", format="mp4",
+                                             options={"movflags": "faststart+use_metadata_tags"}) as dst:
+            for key, value in {**src.metadata, **(metadata or {})}.items():
+                if key not in ("major_brand", "minor_version", "compatible_brands", "encoder"):
+                    dst.metadata[str(key)] = value if isinstance(value, str) else json.dumps(value)
+            streams = [s for s in src.streams if s.type in ("video", "audio")]
+            mapping = {s.index: dst.add_stream_from_template(s) for s in streams}
+            for packet in src.demux(streams):
+                if packet.dts is None:  # the demuxer's flush packets
+                    continue
+                packet.stream = mapping[packet.stream.index]
+                dst.mux(packet)
+        _publish(temp, os.path.abspath(path), reserved)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        if reserved and os.path.isfile(path) and os.path.getsize(path) == 0:
+            os.unlink(path)
+        raise
+    return os.path.abspath(path)

@@ -70,6 +70,20 @@ class ProgressReporter:
             if mm is not None and hasattr(mm, "interrupt_current_processing"):
                 mm.interrupt_current_processing(True)
 
+    def set_text(self, text: str) -> None:
+        """A status line for the node (e.g. "window 2/6"): shown on the node by ComfyUI's progress-text message,
+        or put in front of the headless progress lines."""
+        if self._bar is None:
+            self.desc = text
+            return
+        server = _comfy("server")
+        instance = getattr(getattr(server, "PromptServer", None), "instance", None) if server is not None else None
+        if instance is not None and hasattr(instance, "send_progress_text") and self.node_id is not None:
+            try:
+                instance.send_progress_text(text, self.node_id)
+            except Exception:  # a status line must never fail a generation
+                pass
+
     def _print(self, value: int) -> None:
         now = time.monotonic()
         last = self._last_print

@@ -41,10 +41,12 @@ class FileSink:
 
     def __init__(self, path: str, width: int, height: int, device, sample_rate: int, crf: int, preset: str,
                  metadata: dict):
+        from ...media.save import ENCODING_TAG, encoding_tag
         from ...media.stream_writer import StreamingVideoSaver
 
+        tags = {**metadata, ENCODING_TAG: encoding_tag("h264", crf, preset)}  # a matching save copies the file
         self.saver = StreamingVideoSaver(path, width, height, FPS, device=device, reserved=True, crf=crf,
-                                         preset=preset, audio_sample_rate=sample_rate, metadata=metadata)
+                                         preset=preset, audio_sample_rate=sample_rate, metadata=tags)
         self.path = path
 
     def write(self, frames: torch.Tensor) -> None:

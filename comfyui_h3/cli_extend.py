@@ -1,0 +1,73 @@
+"""`python -m comfyui_h3 extend`: continue a video through the engine (the node's worker path). The worker streams
+the result into --out while it is made; Ctrl-C finishes the current step and keeps the finished windows as
+<out>_partial_NNNNN.mp4."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def build_request(args, out_path: str):
+    from .backend.media.decode import decode_audio, decode_video
+    from .backend.pipelines.h3.extension_plan import added_frames_for
+    from .backend.pipelines.h3.request import H3ExtendRequest
+
+    if not os.path.isfile(args.video):
+        raise FileNotFoundError(f"Video not found: {args.video}")
+    clip = decode_video(args.video)
+    drive = rate = None
+    if args.driving_audio:
+        if not os.path.isfile(args.driving_audio):
+            raise FileNotFoundError(f"Driving audio not found: {args.driving_audio}")
+        drive, rate = decode_audio(args.driving_audio)
+    step = args.window_frames - args.overlap_frames
+    added = args.windows * step if args.windows else added_frames_for(args.seconds)
+    return H3ExtendRequest(
+        prompts=args.prompt or [""], added_frames=added, window_frames=args.window_frames,
+        overlap_frames=args.overlap_frames, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),
+        source_audio=clip.audio, source_sample_rate=clip.sample_rate, audio_mode=args.audio_mode,
+        driving_audio=drive, driving_sample_rate=rate, steps=args.steps, video_shift=args.video_shift,
+        audio_shift=args.audio_shift, seed=args.seed, output_path=out_path, crf=args.crf,
+        metadata={"comment": "comfyui-h3 extend"})
+
+
+def extend(args, model_dir: str) -> int:
+    from .cli_generate import _save_latents, run_on_engine
+    from .extend_job import keep_partial, partial_prefix_for, window_status
+
+    if args.windows is None and args.seconds is None:
+        raise ValueError("Say how much to add: --seconds S or --windows N.")
+    out = os.path.abspath(args.out)
+    for path in (out, args.save_latents):
+        if path and os.path.exists(path):
+            raise FileExistsError(f"{path} exists; outputs are never overwritten.")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # reserve --out: the worker publishes onto it
+    os.close(fd)
+    try:
+        request = build_request(args, out)
+        request.validate()
+        stopped = {}
+        result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
+                               on_cancelled=stopped.update)
+    finally:
+        if os.path.isfile(out) and os.path.getsize(out) == 0:
+            os.unlink(out)
+    if result is None:
+        if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
+            folder, prefix = partial_prefix_for(out)
+            kept = keep_partial(stopped["path"], folder, prefix)
+            print(f"Stopped after {stopped['windows_done']} of {stopped['windows']} windows; kept "
+                  f"{stopped.get('seconds', 0):.2f} s as {kept}", file=sys.stderr)
+            print(kept)
+        return 130
+    if args.save_latents:
+        _save_latents(args.save_latents, result)
+        print(args.save_latents)
+    info = result.extend or {}
+    print(out)
+    print(f"extend: {info.get('source_frames')} + {info.get('added_frames')} = {info.get('total_frames')} frames in "
+          f"{len(info.get('windows', []))} windows, {info.get('width')}x{info.get('height')}; timings "
+          + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()), file=sys.stderr)
+    return 0
