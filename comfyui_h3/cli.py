@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal", "h3_object_replacement",
-                  "h3_inpainting")
+                  "h3_inpainting", "h3_extension", "h3_generate_then_extend")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -202,7 +202,7 @@ def _demo(args) -> int:
         prompt = load_workflow(workflows_dir() / f"{name}.api.json")
         if args.steps:
             prompt = apply_overrides(prompt, [f"{nid}.steps={args.steps}" for nid, n in prompt.items()
-                                              if n["class_type"] in ("H3_Sample", "H3_Edit")])
+                                              if n["class_type"] in ("H3_Sample", "H3_Edit", "H3_Extend")])
         print(f"== {name}", file=sys.stderr)
         made += _run_local(prompt, out_dir)
     for path in made:

@@ -97,9 +97,12 @@ def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     out = cli("demo", "--steps", 2, "--out-dir", tmp_path / "demo", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr
     paths = [p for p in out.stdout.split() if p.endswith(".mp4")]
-    assert len(paths) == 5  # t2va, first/last frame, removal, replacement, inpainting
-    for path in paths:
-        assert streams(path) == (124, 24.0, 32000, 2)
+    # t2va, first/last frame, removal, replacement, inpainting (5 s each); extension (5 s source + 20 s, two
+    # windows) and generate-then-extend (5 s + 10 s, one window)
+    assert len(paths) == 7
+    frames = [124] * 5 + [124 + 493, 124 + 255]
+    for path, count in zip(paths, frames):
+        assert streams(path) == (count, 24.0, 32000, 2), path
 
 
 def test_shipped_ui_workflows_match_their_api_twins():
