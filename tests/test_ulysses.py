@@ -168,3 +168,43 @@ def test_vae_decode_shared_across_ranks_is_bitwise_equal(tmp_path, tiny_h3_dir, 
              nprocs=world)
     assert torch.equal(torch.load(tmp_path / "frames0.pt"), want)  # rank 0 assembles; the others only decode
     assert all(torch.load(tmp_path / f"frames{r}.pt") is None for r in range(1, world))
+
+
+def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
+    """Editing (per-row timesteps) and extension (guide rows, shifted clocks, streamed file on rank 0) on 2 gloo
+    ranks against the 1-rank pipeline."""
+    import numpy as np
+
+    from comfyui_h3.backend.media.decode import probe_video
+    from comfyui_h3.backend.media.encode import next_free_path
+    from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
+
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 256, (124, 64, 96, 3), dtype=np.uint8)
+    mask = np.zeros((64, 96), np.float32)
+    mask[16:48, 32:64] = 1.0
+    wave = torch.from_numpy(rng.standard_normal((2, 32000 * 5)).astype(np.float32) * 0.1)
+
+    def edit():
+        return H3Request(prompt="a boat", steps=2, seed=3, source_frames=frames, mask=mask, preset="replace",
+                         source_audio=wave, source_sample_rate=32000, decode=False)
+
+    def extend(path=None):
+        return H3ExtendRequest(prompts=["waves"], added_frames=51, window_frames=56, overlap_frames=22, steps=2,
+                               seed=1, source_frames=frames, source_audio=wave, source_sample_rate=32000,
+                               output_path=path)
+
+    one = EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    want_edit, want_ext = one.run(edit()), one.run(extend())
+    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        got_edit = eng.generate(edit())
+        path = next_free_path(str(tmp_path), "ext2", "mp4")
+        got_ext = eng.generate(extend(path))
+    finally:
+        eng.shutdown()
+    for got, want in ((got_edit, want_edit), (got_ext, want_ext)):
+        for key in ("video_latents", "audio_latents"):
+            a, b = getattr(got, key), getattr(want, key)
+            assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() <= 1e-4, key
+    assert got_ext.extend["frames_written"] == 124 + 51 == probe_video(path).frame_count
