@@ -41,9 +41,17 @@ class FileSink:
 
     def __init__(self, path: str, width: int, height: int, device, sample_rate: int, crf: int, preset: str,
                  metadata: dict):
+        import os
+        import socket
+
         from ...media.save import ENCODING_TAG, encoding_tag
         from ...media.stream_writer import StreamingVideoSaver
+        from .geometry import RequestError
 
+        if not os.path.isfile(path):  # the caller reserved it; absent here = another machine (a Ray rank 0)
+            raise RequestError(f"The output file {path} is not visible to rank 0 on {socket.gethostname()}: rank 0 "
+                               "writes it, so it must run on the machine that asked for it (with a Ray cluster, "
+                               "start Ray's head there).")
         tags = {**metadata, ENCODING_TAG: encoding_tag("h264", crf, preset)}  # a matching save copies the file
         self.saver = StreamingVideoSaver(path, width, height, FPS, device=device, reserved=True, crf=crf,
                                          preset=preset, audio_sample_rate=sample_rate, metadata=tags)
