@@ -97,14 +97,17 @@ export class MaskEditor {
     this.render();
   }
 
+  // Returns true when the drawing itself changed (an empty one adopted the video's size), so the host saves it.
   setVideo({ width, height, frameCount }) {
     // Shapes keep their coordinate space (the rasteriser scales it); only an empty drawing adopts the new size.
-    if (width && height && !this.state.keyframes.length) this.state = { ...this.state, width, height };
+    const adopt = width && height && !this.state.keyframes.length && (width !== this.state.width || height !== this.state.height);
+    if (adopt) this.state = { ...this.state, width, height };
     this.frameCount = Math.max(1, frameCount || 1);
     this.frame = Math.min(this.frame, this.frameCount - 1);
     this.imageFrame = -1;
     this.resize();
     this.loadFrame();
+    return Boolean(adopt);
   }
 
   setSettings({ grow, feather, invert }) {
@@ -122,6 +125,16 @@ export class MaskEditor {
     this.frame = Math.max(0, Math.min(this.frameCount - 1, Math.trunc(n)));
     this.scrubber.value = String(this.frame);
     this.loadFrame();
+  }
+
+  // Height (CSS px) the rows need when the editor is `width` px wide: the canvas keeps the drawing's aspect, the other
+  // rows are measured as laid out now. 0 while the editor is not laid out.
+  contentHeight(width) {
+    const rows = [...this.root.children];
+    if (!this.canvas.offsetParent) return 0;
+    const last = rows[rows.length - 1];
+    const span = last.offsetTop + last.offsetHeight - rows[0].offsetTop;
+    return span - this.canvas.offsetHeight + width * this.canvas.height / this.canvas.width;
   }
 
   // -- internals ------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { MaskEditor } from "./mask_canvas.js";
+import { serializeState } from "./mask_logic.js";
 
 const LOADER_OPTIONS = ["video", "path", "force_rate", "skip_first_frames", "frame_load_cap", "select_every_nth",
   "max_seconds", "resize", "fit", "width", "height"];
@@ -36,11 +37,15 @@ app.registerExtension({
       const stateWidget = widget(node, "mask_state");
       if (stateWidget) {  // keep it (it is what the workflow saves) but out of sight
         stateWidget.hidden = true;
+        stateWidget.options = { ...stateWidget.options, hidden: true };  // what the Vue ("Nodes 2.0") renderer reads
         stateWidget.computeSize = () => [0, -4];
         if (stateWidget.element) stateWidget.element.style.display = "none";
       }
       const root = document.createElement("div");
       root.style.cssText = "display:flex;flex-direction:column;gap:3px;width:100%";
+      // The Vue node renderer ("Nodes 2.0") drags the node from any pointerdown inside it: keep strokes and slider
+      // drags in the editor.
+      root.addEventListener("pointerdown", (e) => e.stopPropagation());
       let source = null;
       const settingsWidgets = ["grow", "feather", "invert"].map((n) => widget(node, n));
       const editor = new MaskEditor(root, {
@@ -61,11 +66,22 @@ app.registerExtension({
         w.callback = function () {
           const r = callback?.apply(this, arguments);
           editor.setSettings({ grow: settingsWidgets[0]?.value, feather: settingsWidgets[1]?.value, invert: settingsWidgets[2]?.value });
-          if (stateWidget) stateWidget.value = JSON.stringify(editor.state);
+          if (stateWidget) stateWidget.value = serializeState(editor.state);
           return r;
         };
       }
-      node.addDOMWidget("mask_editor", "h3_mask_editor", root, { serialize: false, hideOnZoom: false });
+      // The frontend grows a node only to its DOM widgets' minimum height (50 px by default), so a node loaded at a
+      // small saved size would let the editor spill out of it: ask for the editor's height at the widget's width
+      // (computed, not measured: the element is laid out at another width before the frontend places it).
+      let editorWidget = null;
+      const minHeight = () => {
+        const margin = editorWidget?.margin ?? 10;
+        const inner = editor.contentHeight((editorWidget?.width ?? node.size[0]) - 2 * margin);
+        return inner ? Math.ceil(inner) + 2 * margin : 200;
+      };
+      editorWidget = node.addDOMWidget("mask_editor", "h3_mask_editor", root, {
+        serialize: false, hideOnZoom: false, getMinHeight: minHeight,
+      });
       // Follow the upstream loader: refresh the timeline when its file or options change.
       let key = null;
       const poll = async () => {
@@ -79,8 +95,11 @@ app.registerExtension({
           const info = await (await api.fetchApi(`/h3/video_info?${source}`)).json();
           if (key !== next) return;
           if (info.error) { console.warn("H3 Mask Draw:", info.error); editor.setVideo({ frameCount: 1 }); return; }
-          editor.setVideo({ width: info.width, height: info.height, frameCount: info.frame_count });
-          if (stateWidget) stateWidget.value = JSON.stringify(editor.state);
+          // Only an adopted size is written back: re-serialising an unchanged state would rewrite a loaded workflow's
+          // mask_state (and mark it modified) for nothing.
+          if (editor.setVideo({ width: info.width, height: info.height, frameCount: info.frame_count }) && stateWidget) {
+            stateWidget.value = serializeState(editor.state);
+          }
         } catch (err) {
           console.warn("H3 Mask Draw: no frame info", err);
         }

@@ -19,3 +19,13 @@ def tiny_h3_dir(tmp_path_factory):
     from comfyui_h3.backend.models.tiny import make_tiny_h3
 
     return make_tiny_h3(tmp_path_factory.mktemp("models") / "tiny-h3")
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    """A real ComfyUI serving this pack (tests/comfyui_lane.py), one per test module; the modules that use it skip
+    themselves when COMFYUI_DIR is unset."""
+    from comfyui_lane import running_comfyui
+
+    with running_comfyui(tmp_path_factory.mktemp("comfyui")) as server:
+        yield server

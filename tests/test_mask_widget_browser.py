@@ -3,30 +3,18 @@ saved in the state JSON and rasterised by Python as the browser's preview shows 
 playwright-core (`npm ci` at the repo root); skipped otherwise."""
 
 import json
-import os
-import shutil
-import subprocess
 
 import pytest
 import torch
+from headless import NEEDS_BROWSER, run_script
 
 from comfyui_h3.backend.media.mask_raster import render_state
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHROMIUM = next((p for p in (os.environ.get("H3_CHROMIUM"), shutil.which("chromium"), shutil.which("chromium-browser"),
-                              shutil.which("google-chrome")) if p), None)
-
-pytestmark = [
-    pytest.mark.skipif(shutil.which("node") is None, reason="node (Node.js) is not installed"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium executable (apt-get install chromium, or set H3_CHROMIUM)"),
-    pytest.mark.skipif(not os.path.isdir(os.path.join(REPO, "node_modules", "playwright-core")),
-                       reason="npm package playwright-core is not installed (run `npm ci` at the repo root)"),
-]
+pytestmark = NEEDS_BROWSER
 
 
 def test_brush_stroke_is_saved_and_rasterised_the_same():
-    run = subprocess.run(["node", os.path.join(REPO, "tests", "js", "browser_check.mjs"), CHROMIUM],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    run = run_script("browser_check.mjs")
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     state = result["state"]
