@@ -11,6 +11,16 @@ from PIL import Image
 from .geometry import FPS, RequestError, resolve_geometry
 
 
+def check_sampling(steps: int, video_shift: float, audio_shift: float, seed: int) -> None:
+    """The settings every task shares: steps, the two schedule shifts, the seed."""
+    if not 1 <= steps <= 1000:
+        raise RequestError(f"steps must be between 1 and 1000, got {steps}.")
+    if video_shift <= 0 or audio_shift <= 0:
+        raise RequestError("Shifts must be positive.")
+    if not 0 <= seed < 2**64:
+        raise RequestError(f"seed must be in [0, 2^64), got {seed}.")
+
+
 @dataclass
 class ReferenceInput:
     """One ref2va reference as decoded media. kind image: `image`. kind video: `frames` uint8 [T, H, W, 3] at `fps`,
@@ -70,12 +80,7 @@ class H3Request:
                                "different tasks (fl2va vs ref2va).")
         if (self.width is None) != (self.height is None):
             raise RequestError("Give width and height together, or neither (then the canvas follows the input).")
-        if not 1 <= self.steps <= 1000:
-            raise RequestError(f"steps must be between 1 and 1000, got {self.steps}.")
-        if self.video_shift <= 0 or self.audio_shift <= 0:
-            raise RequestError("Shifts must be positive.")
-        if not 0 <= self.seed < 2**64:
-            raise RequestError(f"seed must be in [0, 2^64), got {self.seed}.")
+        check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
         # Early checks with the release's geometry; the worker re-checks against the loaded model's own factors.
         resolve_geometry(self.num_frames, self.height or 768, self.width or 1344)
         unknown = [r.kind for r in self.references if r.kind not in ("image", "video", "audio")]
@@ -186,9 +191,4 @@ class H3ExtendRequest:
         if self.added_frames <= 0 or self.added_frames % CLIP:
             raise RequestError(f"Frames to add must be a positive multiple of {CLIP}, got {self.added_frames}.")
         check_window_settings(self.window_frames, self.overlap_frames)
-        if not 1 <= self.steps <= 1000:
-            raise RequestError(f"steps must be between 1 and 1000, got {self.steps}.")
-        if self.video_shift <= 0 or self.audio_shift <= 0:
-            raise RequestError("Shifts must be positive.")
-        if not 0 <= self.seed < 2**64:
-            raise RequestError(f"seed must be in [0, 2^64), got {self.seed}.")
+        check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
