@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from comfyui_h3.backend.media import decode as decode_module
-from comfyui_h3.backend.media.decode import decode_video, plan_frames
+from comfyui_h3.backend.media.decode import decode_video
 from comfyui_h3.backend.media.encode import Mp4Writer
 from comfyui_h3.backend.media.resize import apply_resize, h3_canvas_size, plan_resize, resize_frames
 from comfyui_h3.video_file import H3FileVideo
