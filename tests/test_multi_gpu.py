@@ -1,6 +1,6 @@
-"""Ulysses on two CUDA devices over NCCL (skipped with fewer than 2 GPUs; tests/test_ulysses.py runs the same paths
-on gloo CPU ranks): t2va, mask editing and extension on 2 GPUs equal one GPU (fp32, eager), the extension file is
-written by rank 0, and Stop is agreed by both ranks with the next prompt working."""
+"""Ulysses on several CUDA devices over NCCL (skipped with fewer GPUs; tests/test_ulysses.py runs the same paths on
+gloo CPU ranks): t2va, mask editing and extension on 2 and 4 GPUs equal one GPU (fp32, eager), the extension file is
+written by rank 0, and Stop is agreed by both ranks of a 2-GPU engine with the next prompt working."""
 
 import numpy as np
 import pytest
@@ -39,13 +39,17 @@ def _run_all(config, tmp_path=None):
         engine.shutdown()
 
 
-def test_two_gpus_equal_one(tiny_h3_dir, tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_n_gpus_equal_one(tiny_h3_dir, tmp_path, world):
     from comfyui_h3.backend.engine_config import EngineConfig
     from comfyui_h3.backend.media.decode import probe_video
 
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"{world} ranks need {world} CUDA devices; this machine has {torch.cuda.device_count()}")
     one = _run_all(EngineConfig(str(tiny_h3_dir), device="cuda:0", dtype="float32", compile="off"))
-    two = _run_all(EngineConfig(str(tiny_h3_dir), device="cuda:0,1", dtype="float32", compile="off", world_size=2),
-                   tmp_path)
+    gpus = ",".join(str(i) for i in range(world))
+    two = _run_all(EngineConfig(str(tiny_h3_dir), device=f"cuda:{gpus}", dtype="float32", compile="off",
+                                world_size=world), tmp_path)
     for name in one:
         for key in ("video_latents", "audio_latents"):
             a, b = getattr(two[name], key), getattr(one[name], key)
