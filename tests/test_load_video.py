@@ -350,3 +350,15 @@ def test_load_video_node_outputs_fingerprint_and_safety(tmp_path, monkeypatch):
     assert H3LoadVideo.IS_CHANGED(video="a.mp4", force_rate=12.0) == first
     write_file(tmp_path / "in" / "a.mp4", [_grey(i + 1) for i in range(30)], fps=30)
     assert H3LoadVideo.IS_CHANGED(video="a.mp4") != first
+
+
+def test_chunked_decode_equals_the_whole_decode(tmp_path):
+    """iter_planned_frames (Save Video streaming a file-backed VIDEO) gives the frames decode_planned_frames does,
+    with held frames (30 -> 24 fps) and a chunk size that does not divide the count."""
+    path = write_file(tmp_path / "c.mp4", [_grey(i) for i in range(37)], fps=30)
+    plan = decode_module.plan_frames(str(path), force_rate=24, skip_first_frames=2)
+    whole = decode_module.decode_planned_frames(str(path), plan)
+    chunks = list(decode_module.iter_planned_frames(str(path), plan, chunk_frames=8))
+    assert [c.shape[0] for c in chunks[:-1]] == [8] * (len(chunks) - 1)
+    assert torch.equal(torch.cat(chunks), whole) and whole.shape[0] == plan.frame_count
+    assert len({c.data_ptr() for c in chunks}) == len(chunks)  # fresh tensors: a caller may keep them

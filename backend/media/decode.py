@@ -345,22 +345,21 @@ def _frame_image(frame, plan: FramePlan) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(image))
 
 
-def iter_planned_frames(
+def _planned_images(
     source: str | os.PathLike | BinaryIO,
     plan: FramePlan,
-    chunk_frames: int = 16,
     progress: Callable[[int, int], None] | None = None,
-) -> Iterator[torch.Tensor]:
-    """The frames `plan` names as uint8 chunks `[<= chunk_frames, H, W, 3]`, in order (a long clip never whole).
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(output index, uint8 image [H, W, 3]) for every frame `plan` names, in order; a held frame is yielded once
+    per index it fills (the same tensor).
 
     A source frame the decoder drops (a corrupt packet) is replaced by the next one it returns; frames missing at the
     end (a truncated file) hold the last decoded one, with a warning, so the planned count and audio sync stand.
     `progress(done, total)` is called after each stored frame (it may raise to cancel)."""
     total = plan.frame_count
-    buffer = torch.empty((min(chunk_frames, total), plan.height, plan.width, 3), dtype=torch.uint8)
-    done = filled = 0
+    done = 0
     expected = 0  # index of the next source frame in presentation order
-    last = None
+    image = None
     with _open(source) as container:
         stream = _video_stream(container, source)
         stream.thread_type = "AUTO"
@@ -374,15 +373,10 @@ def iter_planned_frames(
                     continue
                 image = _frame_image(frame, plan)
                 while done < total and plan.sources[done] <= index:
-                    buffer[filled].copy_(image)
-                    filled += 1
+                    yield done, image
                     done += 1
                     if progress is not None:
                         progress(done, total)
-                    if filled == buffer.shape[0]:
-                        last = buffer[filled - 1].clone()
-                        yield buffer.clone()
-                        filled = 0
                 if done >= total:
                     break
         except av.FFmpegError as error:
@@ -391,13 +385,32 @@ def iter_planned_frames(
             log.warning("decoding %s stopped after %d of %d frames: %s", _describe(source), done, total, error)
     if done == 0:
         raise ValueError(f"cannot decode any frame of {_describe(source)}")
-    if filled:
-        last = buffer[filled - 1].clone()
-        yield buffer[:filled].clone()
     if done < total:
         log.warning("%s: only %d of %d planned frames decoded; holding the last one", _describe(source), done, total)
-        for start in range(done, total, chunk_frames):
-            yield last[None].expand(min(chunk_frames, total - start), -1, -1, -1).clone()
+        for index in range(done, total):
+            yield index, image
+
+
+def iter_planned_frames(
+    source: str | os.PathLike | BinaryIO,
+    plan: FramePlan,
+    chunk_frames: int = 16,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[torch.Tensor]:
+    """The frames `plan` names as uint8 chunks `[<= chunk_frames, H, W, 3]`, in order (a long clip never whole);
+    each chunk is a fresh tensor the caller may keep. Dropped / missing frames: see _planned_images."""
+    size = min(chunk_frames, plan.frame_count)
+    buffer = torch.empty((size, plan.height, plan.width, 3), dtype=torch.uint8)
+    filled = 0
+    for _, image in _planned_images(source, plan, progress):
+        buffer[filled].copy_(image)
+        filled += 1
+        if filled == size:
+            yield buffer
+            buffer = torch.empty_like(buffer)
+            filled = 0
+    if filled:
+        yield buffer[:filled]
 
 
 def decode_planned_frames(
@@ -405,12 +418,10 @@ def decode_planned_frames(
     plan: FramePlan,
     progress: Callable[[int, int], None] | None = None,
 ) -> torch.Tensor:
-    """Decode the frames `plan` names into one uint8 `[plan.frame_count, H, W, 3]` buffer (iter_planned_frames)."""
+    """Decode the frames `plan` names into one uint8 `[plan.frame_count, H, W, 3]` buffer (each frame copied once)."""
     buffer = torch.empty((plan.frame_count, plan.height, plan.width, 3), dtype=torch.uint8)
-    at = 0
-    for chunk in iter_planned_frames(source, plan, 64, progress):
-        buffer[at:at + chunk.shape[0]].copy_(chunk)
-        at += chunk.shape[0]
+    for index, image in _planned_images(source, plan, progress):
+        buffer[index].copy_(image)
     return buffer
 
 
