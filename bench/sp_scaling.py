@@ -26,12 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from cuda_timing import timed  # noqa: E402  (bench/ is on sys.path when a script runs)
 
 from comfyui_h3.backend.executor.mp_executor import _free_port  # noqa: E402
-from comfyui_h3.backend.models.h3_ops import RowSegments, rope_tables  # noqa: E402
-from comfyui_h3.backend.models.h3_transformer import MODALITY_COUNT, H3Transformer, H3TransformerConfig  # noqa: E402
+from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig  # noqa: E402
 from comfyui_h3.backend.parallel.ulysses import SequenceShard, _heads_to_rows, _rows_to_heads  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.geometry import frames_for_seconds, resolve_geometry  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.step_plan import request_rope, step_segments  # noqa: E402
 
 TEXT_ROWS = 502
 
@@ -68,13 +68,10 @@ def _models(layers: int, dev, peer: bool):
 
 
 def _step_tables(model, host_layout, row_index, dev, shard=None):
-    """What the engine builds once per request / step on the host and passes to every forward (pipeline.denoise):
-    the rotary tables and the AdaLN row segments of this rank's rows (no host sync inside the forward)."""
-    local = (lambda t: t) if shard is None else shard.local
-    cos, sin = rope_tables(host_layout.position_ids.to(dev), model.rope_inv_freq)
-    adaln_rows = row_index * MODALITY_COUNT + host_layout.token_tags
-    return {"rope": (local(cos), local(sin)),
-            "segments": (RowSegments.from_rows(local(adaln_rows)), RowSegments.from_rows(local(row_index)))}
+    """What the engine builds once per request / step on the host and passes to every forward (step_plan, as
+    pipeline.denoise does): the rotary tables and the AdaLN row segments of this rank's rows."""
+    return {"rope": request_rope(model, host_layout.position_ids.to(dev), shard),
+            "segments": step_segments(host_layout.token_tags, row_index, shard)}
 
 
 def _inputs(seconds: float, cfg, dev):

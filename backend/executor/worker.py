@@ -49,7 +49,7 @@ def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sho
     import torch
 
     from ..pipelines.h3.geometry import RequestError
-    from ..pipelines.h3.pipeline import Cancelled
+    from ..pipelines.h3.step_plan import Cancelled
     from .messages import Done, Failed, Progress
 
     on_step = None

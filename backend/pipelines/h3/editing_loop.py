@@ -13,8 +13,6 @@ from typing import Callable
 
 import torch
 
-from ...models.h3_ops import RowSegments, rope_tables
-from ...models.h3_transformer import MODALITY_COUNT
 from ...parallel.ulysses import SequenceShard
 from .editing import (audio_row_mask, blend, composite_frames, mask_to_latent_grid, prepare_audio, prepare_source,
                       resolve_preset, row_timesteps)
@@ -22,6 +20,7 @@ from .geometry import AUDIO_LATENTS_PER_SECOND, RequestError, resolve_geometry
 from .layout import CONDITION_T, audio_rows_to_latents, build_layout, patchify, unpatchify
 from .request import H3Request, H3Result
 from .schedule import DualSchedule
+from .step_plan import request_rope, step_segments, stop_at_boundary
 
 
 @torch.no_grad()
@@ -30,7 +29,7 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     """pipe: the H3Pipeline (its components, rank/world and text sharing). Returns task "edit" with `edit` info:
     restore mask [T_lat, h, w], token mask [T_lat, h/2, w/2], audio row mask [2*Ta], source latents (video
     [1, 24, T, h, w], audio [2, 32, Ta]) and the resolved preset values."""
-    from .pipeline import Cancelled, decode_frames_to_host
+    from .pipeline import decode_frames_to_host
     from .decode import decode_audio, iter_decode_video
 
     req.validate()
@@ -87,7 +86,7 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     t1 = time.perf_counter()
     schedule = DualSchedule.make(req.steps + 1, req.video_shift, req.audio_shift)
     state_v, state_a = _denoise(pipe, dit, layout, text.to(dev), noise_v.to(dev), audio_noise.to(dev), anchor_v,
-                                anchor_a, video_mask, audio_mask, schedule, on_step, should_stop, Cancelled)
+                                anchor_a, video_mask, audio_mask, schedule, on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1
 
     # 4. restore: kept cells are the clean source exactly
@@ -122,31 +121,24 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
 
 
 def _denoise(pipe, dit, layout, text, state_v, state_a, anchor_v, anchor_a, video_mask, audio_mask,
-             schedule: DualSchedule, on_step, should_stop, cancelled_type):
+             schedule: DualSchedule, on_step, should_stop):
     """Target rows only (t2va layout: no condition rows). state_* start as the seeded noise, float32 on the device."""
     dev = state_v.device
     dl = layout.to(dev)
     shard = None if pipe.world == 1 else SequenceShard(pipe.rank, pipe.world, layout.seq_len)
-    local = (lambda t: t) if shard is None else shard.local
-    cos, sin = rope_tables(dl.position_ids, dit.rope_inv_freq)
-    rope = (local(cos), local(sin))
+    rope = request_rope(dit, dl.position_ids, shard)
     vi, ai = layout.video_indices, layout.audio_indices
     mv, ma = video_mask.to(dev), audio_mask.to(dev)
     n = schedule.num_evaluations
     for i in range(n):
-        stop = should_stop is not None and should_stop()
-        if shard is not None:
-            stop = shard.any(stop)
-        if stop:
-            raise cancelled_type(f"Stopped before step {i + 1}/{n}.")
+        stop_at_boundary(should_stop, shard, i, n)
         sv, sa = schedule.video_sigmas[i], schedule.audio_sigmas[i]
         tv, ta = row_timesteps(video_mask, sv), row_timesteps(audio_mask, sa)
         row_t = torch.full((layout.seq_len,), float(1.0 - sv), dtype=torch.float32)  # text rides the video clock
         row_t[vi] = tv
         row_t[ai] = ta
         ts, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
-        adaln_rows = row_index * MODALITY_COUNT + layout.token_tags
-        segments = (RowSegments.from_rows(local(adaln_rows)), RowSegments.from_rows(local(row_index)))
+        segments = step_segments(layout.token_tags, row_index, shard)
         x_v, x_a = blend(anchor_v, state_v, mv), blend(anchor_a, state_a, ma)
         v_pred, a_pred = dit(x_v[None], x_a[None], text, ts.to(dev), row_index.to(dev), dl.token_tags,
                              dl.position_ids, dl.video_indices, dl.audio_indices, dl.text_indices,

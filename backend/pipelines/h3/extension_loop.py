@@ -31,6 +31,7 @@ from .geometry import RequestError, latent_frames
 from .layout import CONDITION_T, audio_latents_to_rows, audio_rows_to_latents, patchify, unpatchify
 from .request import H3Result
 from .schedule import DualSchedule
+from .step_plan import Cancelled
 
 Observer = Callable[[int, object, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -48,10 +49,8 @@ def window_prompts(prompts: list[str], num_windows: int) -> list[str]:
 def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
                should_stop: Callable[[], bool] | None = None, observe: Observer | None = None) -> H3Result:
     """`observe(k, layout, video_rows_before, audio_rows_before, video_rows_after, audio_rows_after)` sees every
-    window's packed rows (tests). Raises pipeline.Cancelled at a step boundary on Stop; windows finished by then
+    window's packed rows (tests). Raises step_plan.Cancelled at a step boundary on Stop; windows finished by then
     are published (file output) and named in the exception's `extra`."""
-    from .pipeline import Cancelled
-
     req.validate()
     c, timings, t0 = pipe.c, {}, time.perf_counter()
     task = "extend" if c.has_partition("extend") else "t2va"

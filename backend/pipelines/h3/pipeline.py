@@ -12,8 +12,6 @@ from typing import Callable
 
 import torch
 
-from ...models.h3_ops import RowSegments, rope_tables
-from ...models.h3_transformer import MODALITY_COUNT
 from ...parallel.ulysses import SequenceShard
 from .components import H3Components
 from .conditioning import normalize_references, prepare_keyframes
@@ -24,12 +22,9 @@ from .layout import (CONDITION_T, PackedLayout, ReferenceBlock, audio_rows_to_la
                      build_reference_layout, patchify, unpatchify)
 from .request import H3Request, H3Result
 from .schedule import DualSchedule, euler_step, row_timestep_plan
+from .step_plan import Cancelled, request_rope, step_segments, stop_at_boundary  # noqa: F401 - Cancelled: its public home
 
 StepCallback = Callable[[int, int], None]  # (steps done, total)
-
-
-class Cancelled(Exception):
-    """The caller asked to stop; raised at a denoise-step boundary."""
 
 
 def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometry, shard=None) -> torch.Tensor:
@@ -191,21 +186,14 @@ class H3Pipeline:
         dev = video.device
         dl = layout.to(dev)
         shard = None if self.world == 1 else SequenceShard(self.rank, self.world, layout.seq_len)
-        local = (lambda t: t) if shard is None else shard.local
-        cos, sin = rope_tables(dl.position_ids, dit.rope_inv_freq)  # layout-only: built once per request
-        rope = (local(cos), local(sin))
+        rope = request_rope(dit, dl.position_ids, shard)
         n = schedule.num_evaluations
         ncv, nca = layout.num_condition_video_rows, layout.num_condition_audio_rows
         for i in range(n):
-            stop = should_stop is not None and should_stop()
-            if shard is not None:
-                stop = shard.any(stop)  # every rank stops at the same boundary, or none does
-            if stop:
-                raise Cancelled(f"Stopped before step {i + 1}/{n}.")
+            stop_at_boundary(should_stop, shard, i, n)
             vt, at = schedule.video_t(i), schedule.audio_t(i)
             ts, row_index = row_timestep_plan(layout, float(vt), float(at))
-            adaln_rows = row_index * MODALITY_COUNT + layout.token_tags
-            segments = (RowSegments.from_rows(local(adaln_rows)), RowSegments.from_rows(local(row_index)))
+            segments = step_segments(layout.token_tags, row_index, shard)
             v_pred, a_pred = dit(video[None], audio[None], text, ts.to(dev), row_index.to(dev), dl.token_tags,
                                  dl.position_ids, dl.video_indices, dl.audio_indices, dl.text_indices,
                                  rope=rope, segments=segments, shard=shard)
