@@ -11,6 +11,28 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_inpainting", "h3_extension", "h3_generate_then_extend")
 
 
+def _model_option(p) -> None:
+    p.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+
+
+def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:
+    p.add_argument("--steps", type=int, default=50, help=steps_help)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--video-shift", type=float, default=12.0)
+    p.add_argument("--audio-shift", type=float, default=3.0)
+
+
+def _device_options(p) -> None:
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
+                   help="Default: bfloat16 on CUDA, float32 on the CPU.")
+
+
+def _latents_option(p, what: str = "the final latents") -> None:
+    p.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
+                   help=f"Also write {what}: video [1,24,T,h,w], audio [2,32,Ta] float32.")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -20,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true")
 
     g = sub.add_parser("generate", help="Generate one video (+ audio) from a prompt.")
-    g.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    _model_option(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--first-frame", help="Image the video starts on (fl2va).")
     g.add_argument("--last-frame", help="Image the video ends on (fl2va).")
@@ -31,20 +53,14 @@ def _parser() -> argparse.ArgumentParser:
     length.add_argument("--frames", type=int, help="Frame count (snapped up to 17n+5).")
     g.add_argument("--width", type=int)
     g.add_argument("--height", type=int)
-    g.add_argument("--steps", type=int, default=50, help="Denoising steps (model evaluations).")
-    g.add_argument("--video-shift", type=float, default=12.0)
-    g.add_argument("--audio-shift", type=float, default=3.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    g.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="Default: bfloat16 on CUDA, float32 on the CPU.")
+    _sampling_options(g)
+    _device_options(g)
     g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
-    g.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
-                   help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
+    _latents_option(g)
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
 
     e = sub.add_parser("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
-    e.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    _model_option(e)
     e.add_argument("--video", required=True, help="Source video (5-15 s are used; 24 fps, 17n+5 frames, /32 size).")
     e.add_argument("--mask", required=True,
                    help="PNG/image (all frames), video (luma, one frame per frame) or .npz with array 'mask'; "
@@ -52,23 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--mode", default="removal", choices=["removal", "replace", "inpaint"],
                    help="Preset: mask growth / feather / audio defaults.")
     e.add_argument("--prompt", required=True, help="The whole edited video, as you want it.")
-    e.add_argument("--steps", type=int, default=50)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--video-shift", type=float, default=12.0)
-    e.add_argument("--audio-shift", type=float, default=3.0)
+    _sampling_options(e)
     e.add_argument("--audio-mode", default=None, choices=["keep", "regenerate", "blend"],
                    help="Default: the preset's.")
     e.add_argument("--audio-level", type=float, default=None, help="Blend level 0 (keep) .. 1 (regenerate).")
     e.add_argument("--mask-grow", type=int, default=None, help="Pixels; default: the preset's.")
     e.add_argument("--mask-feather", type=int, default=None, help="Pixels; default: the preset's.")
-    e.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    e.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    _device_options(e)
     e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
-    e.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
-                   help="Also write the final latents: video [1,24,T,h,w], audio [2,32,Ta] float32.")
+    _latents_option(e)
 
     x = sub.add_parser("extend", help="Continue a video past 15 s, window by window, with its sound.")
-    x.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    _model_option(x)
     x.add_argument("--video", required=True, help="The video to continue (cut down to 17n+5 frames at 24 fps).")
     amount = x.add_mutually_exclusive_group()
     amount.add_argument("--seconds", type=float, help="Seconds to add (rounded up to whole 17-frame chunks).")
@@ -82,16 +93,11 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--audio-mode", default="continue", choices=["continue", "lock"],
                    help="continue: generate the soundtrack on; lock: keep the driving (or the source's) audio.")
     x.add_argument("--driving-audio", default=None, help="Audio file for --audio-mode lock (from the source's start).")
-    x.add_argument("--steps", type=int, default=50, help="Denoising steps per window.")
-    x.add_argument("--seed", type=int, default=0)
-    x.add_argument("--video-shift", type=float, default=12.0)
-    x.add_argument("--audio-shift", type=float, default=3.0)
+    _sampling_options(x, "Denoising steps per window.")
     x.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
-    x.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    x.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    _device_options(x)
     x.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
-    x.add_argument("--save-latents", default=None, metavar="FILE.safetensors",
-                   help="Also write the latents of the whole result: video [1,24,T,h,w], audio [2,32,Ta].")
+    _latents_option(x, "the latents of the whole result")
 
     r = sub.add_parser("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
     r.add_argument("workflow")

@@ -59,11 +59,9 @@ def build_request(args):
 
 def edit(args, model_dir: str) -> int:
     from .backend.media.save import write_mp4
-    from .cli_generate import _save_latents, run_on_engine
+    from .cli_generate import _save_latents, refuse_existing, run_on_engine
 
-    for path in (args.out, args.save_latents):
-        if path and os.path.exists(path):
-            raise FileExistsError(f"{path} exists; outputs are never overwritten.")
+    refuse_existing(args.out, args.save_latents)
     request = build_request(args)
     request.validate()
     result = run_on_engine(args, model_dir, request, "edit")

@@ -33,18 +33,16 @@ def build_request(args, out_path: str):
 
 
 def extend(args, model_dir: str) -> int:
-    from .cli_generate import _save_latents, run_on_engine
+    from .backend.media.encode import release_placeholder, reserve_path
+    from .cli_generate import _save_latents, refuse_existing, run_on_engine
     from .extend_job import keep_partial, partial_prefix_for, window_status
 
     if args.windows is None and args.seconds is None:
         raise ValueError("Say how much to add: --seconds S or --windows N.")
     out = os.path.abspath(args.out)
-    for path in (out, args.save_latents):
-        if path and os.path.exists(path):
-            raise FileExistsError(f"{path} exists; outputs are never overwritten.")
+    refuse_existing(out, args.save_latents)
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # reserve --out: the worker publishes onto it
-    os.close(fd)
+    reserve_path(out)  # the worker publishes onto it
     try:
         request = build_request(args, out)
         request.validate()
@@ -52,8 +50,7 @@ def extend(args, model_dir: str) -> int:
         result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
                                on_cancelled=stopped.update)
     finally:
-        if os.path.isfile(out) and os.path.getsize(out) == 0:
-            os.unlink(out)
+        release_placeholder(out)
     if result is None:
         if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
             folder, prefix = partial_prefix_for(out)

@@ -52,10 +52,7 @@ def build_request(args):
 def generate(args, model_dir: str) -> int:
     from .backend.media.save import save_new_mp4, write_mp4
 
-    if args.out and os.path.exists(args.out):
-        raise FileExistsError(f"{args.out} exists; choose another --out (outputs are never overwritten).")
-    if args.save_latents and os.path.exists(args.save_latents):
-        raise FileExistsError(f"{args.save_latents} exists; outputs are never overwritten.")
+    refuse_existing(args.out, args.save_latents)
     if args.no_decode and not args.save_latents:
         raise ValueError("--no-decode produces only latents: add --save-latents FILE.safetensors.")
     request = build_request(args)
@@ -77,6 +74,13 @@ def generate(args, model_dir: str) -> int:
     print(f"task {result.task}; timings " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()),
           file=sys.stderr)
     return 0
+
+
+def refuse_existing(*paths) -> None:
+    """Outputs are never overwritten: fail before any work when one of `paths` (None: not asked for) exists."""
+    for path in paths:
+        if path and os.path.exists(path):
+            raise FileExistsError(f"{path} exists; choose another name (outputs are never overwritten).")
 
 
 def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):

@@ -12,7 +12,7 @@ import os
 import torch
 
 from .. import comfy_services as services
-from ..backend.media.encode import next_free_path
+from ..backend.media.encode import next_free_path, release_placeholder
 from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS, added_frames_for)
 from ..backend.pipelines.h3.geometry import FPS
 from ..backend.pipelines.h3.request import H3ExtendRequest
@@ -111,8 +111,7 @@ class H3Extend:
             result = run_engine(engine, request, steps, unique_id, status=window_status(steps),
                                 on_cancelled=_keep_what_finished)
         finally:
-            if os.path.isfile(path) and os.path.getsize(path) == 0:  # reserved but never published
-                os.unlink(path)
+            release_placeholder(path)  # reserved but never published (an error, or Stop before any window)
         info = result.extend or {}
         clip = H3FileVideo(path)
         summary = (f"{info.get('source_frames')} + {info.get('added_frames')} frames = "

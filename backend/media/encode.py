@@ -94,6 +94,23 @@ def _exists_error(path: str, hint: str = "") -> FileExistsError:
     return FileExistsError(errno.EEXIST, f"refusing to overwrite an existing file{hint}", path)
 
 
+def reserve_path(path: str) -> str:
+    """Claim `path` as an empty placeholder (O_CREAT|O_EXCL): FileExistsError if anything is there. A writer given
+    `reserved=True` publishes onto it; `release_placeholder` removes it when nothing was published."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+    return path
+
+
+def release_placeholder(path: str) -> None:
+    """Remove `path` if it is still an empty placeholder (never a published file)."""
+    try:
+        if os.path.getsize(path) == 0:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def next_free_path(
     directory: str | os.PathLike,
     prefix: str,
@@ -132,11 +149,9 @@ def next_free_path(
                 return path
             continue
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            return reserve_path(path)
         except FileExistsError:
             continue
-        os.close(fd)
-        return path
 
 
 def _publish(temp_path: str, final_path: str, reserved: bool) -> None:
@@ -157,8 +172,7 @@ def _publish(temp_path: str, final_path: str, reserved: bool) -> None:
         raise _exists_error(final_path) from None
     except OSError:
         # No hard links on this file system: claim the name exclusively, then replace our own empty claim.
-        fd = os.open(final_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)  # FileExistsError if taken
-        os.close(fd)
+        reserve_path(final_path)  # FileExistsError if taken
         os.replace(temp_path, final_path)
         return
     os.unlink(temp_path)
@@ -445,11 +459,7 @@ class Mp4Writer:
             _remove_quietly(self.temp_path)
             self.temp_path = None
         if self._reserved:
-            try:
-                if os.path.getsize(self.path) == 0:
-                    _remove_quietly(self.path)
-            except OSError:
-                pass
+            release_placeholder(self.path)
 
     def __enter__(self) -> "Mp4Writer":
         return self

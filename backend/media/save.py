@@ -48,7 +48,7 @@ def copy_mp4(source: str, path: str, metadata: dict | None = None, reserved: boo
 
     import av
 
-    from .encode import _create_temp_beside, _publish
+    from .encode import _create_temp_beside, _publish, release_placeholder
 
     temp = _create_temp_beside(os.path.abspath(path))
     try:
@@ -68,7 +68,7 @@ def copy_mp4(source: str, path: str, metadata: dict | None = None, reserved: boo
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
-        if reserved and os.path.isfile(path) and os.path.getsize(path) == 0:
-            os.unlink(path)
+        if reserved:
+            release_placeholder(path)
         raise
     return os.path.abspath(path)

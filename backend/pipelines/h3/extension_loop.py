@@ -83,6 +83,7 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
     steps = schedule.num_evaluations
     total_steps = steps * len(windows)
     gen = torch.Generator("cpu").manual_seed(req.seed)
+    t_cond = torch.tensor(CONDITION_T, dtype=torch.float32)
     video_parts, audio_parts = [src.video_latents], [src.audio_latents if not lock else
                                                      drive_latents[:, :, :src.audio_latents.shape[2]]]
     tail = src.video_latents  # the latest latents; a guide is at most a window's worth
@@ -100,7 +101,6 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
             g = win.guide_latent_frames
             guide = tail[:, :, -g:]
             mix = torch.randn(guide.shape, generator=gen, dtype=torch.float32)
-            t_cond = torch.tensor(CONDITION_T, dtype=torch.float32)
             guide_rows = patchify(t_cond * guide + (1.0 - t_cond) * mix, patch)
             video_noise = torch.randn((1, c.latent_channels, win.latent_frames, lh, lw), generator=gen,
                                       dtype=torch.float32)

@@ -193,12 +193,21 @@ def audio_decoder_reach(audio_vae, device, start: int = 32, limit: int = 2048) -
     raise RuntimeError(f"The audio decoder's reach exceeds {limit} latents; it cannot be decoded in pieces.")
 
 
+def cached_decoder_reach(audio_vae, device) -> tuple[int, int]:
+    """audio_decoder_reach, probed once per loaded audio VAE (a property of its weights' shapes, not of a request)."""
+    reach = getattr(audio_vae, "_h3_decoder_reach", None)
+    if reach is None:
+        reach = audio_decoder_reach(audio_vae, device)
+        audio_vae._h3_decoder_reach = reach
+    return reach
+
+
 class StreamingAudioDecoder:
     """push(latents [2, 32, t], normalised) -> float32 waveform [2, n] (CPU) that is final; finish() -> the rest."""
 
     def __init__(self, audio_vae, device, reach: tuple[int, int] | None = None):
         self.audio_vae, self.device = audio_vae, device
-        self.reach, self.hop = reach or audio_decoder_reach(audio_vae, device)
+        self.reach, self.hop = reach or cached_decoder_reach(audio_vae, device)
         self._buffer = None  # normalised latents from global index self._base on
         self._base = 0
         self.total = 0
