@@ -7,40 +7,82 @@ NAME / path are H3 Load Video's widget values: a file in ComfyUI's input folder 
 annotation); anything outside those folders is refused (403). The other parameters are H3 Load Video's options
 (force_rate, skip_first_frames, frame_load_cap, select_every_nth, max_seconds, resize, fit, width, height), so frame N
 is the frame the loader will output as N. The mask editor (js/mask_draw.js) shows these frames before anything runs.
+
+Every parameter is checked before any file is opened, against H3 Load Video's own widget declaration (type, min / max,
+choices), so a route takes exactly what the node takes; frame must be inside the clip and max_size in 16..2048.
+Anything else is answered 400 with a one-line message.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import io
+import math
 import os
 import sys
 import threading
 from collections import OrderedDict
 
 from . import comfy_services as services
+from .backend.pipelines.h3.geometry import RequestError
 
 _PLAN_CACHE: "OrderedDict[tuple, object]" = OrderedDict()
 _PLAN_CACHE_SIZE = 8
 _LOCK = threading.Lock()
-_INT_OPTIONS = ("skip_first_frames", "frame_load_cap", "select_every_nth", "width", "height")
-_FLOAT_OPTIONS = ("force_rate", "max_seconds")
+# The loader widgets the routes take (H3 Load Video's names); their types, bounds, choices and defaults are read from
+# the node's own declaration, so a route accepts exactly what the node accepts.
+LOADER_OPTIONS = ("force_rate", "skip_first_frames", "frame_load_cap", "select_every_nth", "max_seconds", "resize",
+                  "fit", "width", "height")
+MAX_SIZE_RANGE = (16, 2048)  # longest side of a served JPEG
 _registered = False
 
 
+@functools.lru_cache(maxsize=1)
+def loader_option_specs() -> dict:
+    """{name: (type, options)} of H3 Load Video's widgets in LOADER_OPTIONS (type: "INT", "FLOAT" or a choice list)."""
+    from .nodes.load_video import H3LoadVideo
+
+    declared = H3LoadVideo.INPUT_TYPES()["required"]
+    return {name: (declared[name][0], dict(declared[name][1])) for name in LOADER_OPTIONS}
+
+
+def _number(name: str, text, kind: str, lo, hi):
+    """`text` parsed as an INT / FLOAT query value within [lo, hi] (None: unbounded); RequestError otherwise."""
+    text = str(text).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise RequestError(f"{name} must be a number, got {text!r}.") from None
+    if not math.isfinite(value):
+        raise RequestError(f"{name} must be a finite number, got {text!r}.")
+    if kind == "INT":
+        if value != int(value):
+            raise RequestError(f"{name} must be a whole number, got {text!r}.")
+        value = int(value)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise RequestError(f"{name} must be between {lo} and {hi}, got {text}.")
+    return value
+
+
 def _options(query) -> dict:
-    opts = {"force_rate": 24.0, "skip_first_frames": 0, "frame_load_cap": 0, "select_every_nth": 1,
-            "max_seconds": 0.0, "resize": "none", "fit": "crop", "width": 1344, "height": 768}
-    for key in _INT_OPTIONS:
-        if query.get(key) not in (None, ""):
-            opts[key] = int(float(query[key]))
-    for key in _FLOAT_OPTIONS:
-        if query.get(key) not in (None, ""):
-            opts[key] = float(query[key])
-    for key in ("resize", "fit"):
-        if query.get(key):
-            opts[key] = str(query[key])
+    """The loader options of the query, each checked against H3 Load Video's widget (missing / empty: its default)."""
+    opts = {}
+    for name, (kind, spec) in loader_option_specs().items():
+        raw = query.get(name)
+        if raw is None or str(raw) == "":
+            opts[name] = spec["default"]
+        elif isinstance(kind, (list, tuple)):
+            if raw not in kind:
+                raise RequestError(f"{name} must be one of {', '.join(map(str, kind))}; got {raw!r}.")
+            opts[name] = raw
+        else:
+            opts[name] = _number(name, raw, kind, spec.get("min"), spec.get("max"))
     return opts
+
+
+def _int_param(query, name: str, default: int, lo: int, hi: int | None) -> int:
+    raw = query.get(name)
+    return default if raw is None or str(raw) == "" else _number(name, raw, "INT", lo, hi)
 
 
 def resolve_source(query) -> str:
@@ -55,15 +97,26 @@ def resolve_source(query) -> str:
     return path
 
 
-def _plan(path: str, opts: dict):
-    from .backend.media.decode import plan_frames
-
+def _cache_key(path: str, opts: dict) -> tuple:
     stat = os.stat(path)
-    key = (path, stat.st_mtime_ns, stat.st_size, tuple(sorted(opts.items())))
+    return (path, stat.st_mtime_ns, stat.st_size, tuple(sorted(opts.items())))
+
+
+def _cached(key):
     with _LOCK:
         if key in _PLAN_CACHE:
             _PLAN_CACHE.move_to_end(key)
             return _PLAN_CACHE[key]
+    return None
+
+
+def _plan(path: str, opts: dict):
+    from .backend.media.decode import plan_frames
+
+    key = _cache_key(path, opts)
+    plan = _cached(key)
+    if plan is not None:
+        return plan
     plan = plan_frames(path, opts["frame_load_cap"], opts["skip_first_frames"], opts["select_every_nth"],
                        opts["force_rate"], opts["max_seconds"], resize=opts["resize"], fit=opts["fit"],
                        width=opts["width"], height=opts["height"])
@@ -75,23 +128,30 @@ def _plan(path: str, opts: dict):
 
 
 def video_info(query) -> dict:
-    plan = _plan(resolve_source(query), _options(query))
+    opts = _options(query)
+    plan = _plan(resolve_source(query), opts)
     return {"frame_count": plan.frame_count, "width": plan.width, "height": plan.height,
             "fps": float(plan.frame_rate)}
 
 
 def frame_jpeg(query) -> bytes:
-    """JPEG bytes of output frame `frame` (clamped to the clip), longest side at most `max_size` (16..2048)."""
+    """JPEG bytes of output frame `frame`, longest side at most `max_size` (16..2048). Only what that frame needs is
+    read: the plan stops at it (unless the whole clip's plan is cached) and decoding starts at the keyframe before it."""
     from PIL import Image
 
-    from .backend.media.decode import decode_planned_frames
+    from .backend.media.decode import decode_planned_frame
 
+    opts = _options(query)
+    index = _int_param(query, "frame", 0, 0, None)
+    max_size = _int_param(query, "max_size", 512, *MAX_SIZE_RANGE)
+    cap = opts["frame_load_cap"]
+    if cap and index >= cap:
+        raise RequestError(f"frame {index} is past frame_load_cap={cap} (frames are numbered from 0).")
     path = resolve_source(query)
-    plan = _plan(path, _options(query))
-    index = min(max(int(query.get("frame") or 0), 0), plan.frame_count - 1)
-    max_size = min(max(int(query.get("max_size") or 512), 16), 2048)
-    one = dataclasses.replace(plan, sources=[plan.sources[index]])
-    image = Image.fromarray(decode_planned_frames(path, one)[0].numpy())
+    plan = _cached(_cache_key(path, opts)) or _plan(path, dict(opts, frame_load_cap=index + 1))
+    if index >= plan.frame_count:
+        raise RequestError(f"frame {index} is past the end of the clip ({plan.frame_count} frames, numbered from 0).")
+    image = Image.fromarray(decode_planned_frame(path, plan, index).numpy())
     scale = max_size / max(image.size)
     if scale < 1:
         image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
@@ -99,6 +159,14 @@ def frame_jpeg(query) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="JPEG", quality=85)
     return buffer.getvalue()
+
+
+def error_status(exc: BaseException) -> int:
+    """HTTP status of a route's error: 403 outside the allowed folders, 404 no such file, 400 anything else (bad
+    parameters, unreadable files): a message, never a server error."""
+    if isinstance(exc, services.UnsafePathError):
+        return 403
+    return 404 if isinstance(exc, FileNotFoundError) else 400
 
 
 def _prompt_server():
@@ -126,8 +194,7 @@ def register_routes() -> bool:
     from aiohttp import web
 
     def _error(exc):
-        status = 403 if isinstance(exc, services.UnsafePathError) else 404 if isinstance(exc, FileNotFoundError) else 400
-        return web.json_response({"error": str(exc)}, status=status)
+        return web.json_response({"error": str(exc)}, status=error_status(exc))
 
     @server.routes.get("/h3/video_info")
     async def _video_info(request):

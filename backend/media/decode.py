@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import BinaryIO, Callable, Iterator
 
@@ -201,6 +201,9 @@ def _check_options(frame_load_cap, skip_first_frames, select_every_nth, force_ra
         )
     if select_every_nth < 1:
         raise ValueError(f"select_every_nth must be >= 1, got {select_every_nth}")
+    for name, value in (("force_rate", force_rate), ("max_seconds", max_seconds)):
+        if value and not math.isfinite(float(value)):
+            raise ValueError(f"{name} must be a finite number, got {value}")
     if force_rate and force_rate < 0:
         raise ValueError(f"force_rate must be >= 0 (0 keeps the file's rate), got {force_rate}")
     if max_seconds and max_seconds < 0:
@@ -411,6 +414,31 @@ def iter_planned_frames(
             filled = 0
     if filled:
         yield buffer[:filled]
+
+
+def decode_planned_frame(source: str | os.PathLike | BinaryIO, plan: FramePlan, index: int) -> torch.Tensor:
+    """Output frame `index` of `plan` as uint8 `[H, W, 3]`, decoded from the keyframe at or before it (one seek), so a
+    late frame costs one group of pictures, not the whole clip before it. Equal to `decode_planned_frames(...)[index]`:
+    when the seek does not land on the frame's own timestamp (no pts, a dropped frame, an inexact seek) it decodes
+    from the start as the whole-clip walk does."""
+    if not 0 <= index < plan.frame_count:
+        raise IndexError(f"frame {index} is outside the plan's {plan.frame_count} frames")
+    target = plan.sources[index]
+    pts = list(plan.pts_index)[target]  # pts_index is in presentation order
+    with _open(source) as container:
+        stream = _video_stream(container, source)
+        try:
+            container.seek(pts, stream=stream, backward=True, any_frame=False)
+            for frame in container.decode(stream):
+                found = plan.pts_index.get(frame.pts) if frame.pts is not None else None
+                if found is None or found > target:
+                    break
+                if found == target:
+                    return _frame_image(frame, plan)
+        except av.FFmpegError as error:
+            log.debug("seek to frame %d of %s failed (%s); decoding from the start", index, _describe(source), error)
+    one = replace(plan, sources=[target])
+    return next(_planned_images(source, one))[1]
 
 
 def decode_planned_frames(
