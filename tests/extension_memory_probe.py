@@ -1,5 +1,6 @@
 """Run by tests/test_extension.py in a fresh process: extend a 256x448 tiny-model source by N windows into a file and
-print {"loaded_mb", "peak_mb", "frames"} (peak resident set size, after loading and at the end)."""
+print {"loaded_mb", "peak_mb", "frames", "window_mb"}: peak resident set size after loading and at the end, and the
+current resident set size at the end of each window's (single) denoise step."""
 
 import json
 import os
@@ -13,6 +14,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def main(model_dir: str, out_dir: str, windows: int) -> None:
@@ -34,10 +40,13 @@ def main(model_dir: str, out_dir: str, windows: int) -> None:
     warm.finish()
     loaded = peak_mb()
     path = next_free_path(out_dir, f"mem{windows}", "mp4")
+    window_mb = []
     result = run_extend(pipe, H3ExtendRequest(
         prompts=["waves"], added_frames=102 * windows, window_frames=124, overlap_frames=22, steps=1,
-        source_video_latents=video, source_audio_latents=audio, output_path=path))
-    print(json.dumps({"loaded_mb": loaded, "peak_mb": peak_mb(), "frames": result.extend["frames_written"]}))
+        source_video_latents=video, source_audio_latents=audio, output_path=path),
+        on_step=lambda step, total: window_mb.append(current_mb()))
+    print(json.dumps({"loaded_mb": loaded, "peak_mb": peak_mb(), "frames": result.extend["frames_written"],
+                      "window_mb": window_mb}))
 
 
 if __name__ == "__main__":

@@ -313,22 +313,30 @@ def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     assert stopped.value.extra["windows_done"] == 0 and not os.path.exists(path2)
 
 
-def test_peak_memory_of_six_windows_stays_near_one(tiny_h3_dir, tmp_path):
-    """Each run in a fresh process writing its file: the 6-window run's peak RSS growth over the loaded model stays
-    within 1.2x of the 1-window run's (and so does the peak itself). The source is 256x448 with 124-frame windows so
-    the frames matter: holding the 6-window result in memory as uint8 would alone break the bound (checked, so this
-    test can fail)."""
+def test_memory_of_six_windows_stays_near_one(tiny_h3_dir, tmp_path):
+    """Each run in a fresh process writing its file (256x448, 124-frame windows: each window adds 102 frames, 35 MB
+    as uint8). A leak that grows with windows shows as resident memory rising window after window, and as a higher
+    peak for 6 windows than for 1.
+
+    glibc's dynamic mmap threshold makes resident memory of a process that frees and reallocates tens-of-MB buffers
+    depend on heap fragmentation and thread timing (the 6-window run's peak varied by ~150 MB under load). The probe
+    pins the threshold at 1 MB so freed buffers go back to the system and resident memory is what is held."""
     script = os.path.join(REPO, "tests", "extension_memory_probe.py")
-    peaks = {}
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(2**20))
+    runs = {}
     for windows in (1, 6):
         out = subprocess.run([sys.executable, script, str(tiny_h3_dir), str(tmp_path), str(windows)],
-                             capture_output=True, text=True, timeout=600, cwd=REPO)
+                             capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
         assert out.returncode == 0, out.stderr[-3000:]
-        peaks[windows] = json.loads(out.stdout.strip().splitlines()[-1])
-    one, six = peaks[1], peaks[6]
+        runs[windows] = json.loads(out.stdout.strip().splitlines()[-1])
+    one, six = runs[1], runs[6]
     assert six["frames"] == 124 + 6 * 102 and one["frames"] == 124 + 102
-    grow1, grow6 = one["peak_mb"] - one["loaded_mb"], six["peak_mb"] - six["loaded_mb"]
-    held = six["frames"] * 256 * 448 * 3 / 2**20  # the 6-window result as uint8
-    assert held > 0.2 * grow1 + 16, f"probe too small to tell streaming from holding the frames: {peaks}"
-    assert six["peak_mb"] <= 1.2 * one["peak_mb"], peaks
-    assert grow6 <= 1.2 * grow1 + 16, peaks
+    window_frames_mb = 102 * 256 * 448 * 3 / 2**20  # what holding one window's frames would add
+    per_window = six["window_mb"]
+    assert len(per_window) == 6, runs
+    # From the second window on (the first allocates the guide rows once), holding each window's frames would climb
+    # ~35 MB per window; streaming stays flat (measured ~1 MB per window).
+    slope = (per_window[-1] - per_window[1]) / (len(per_window) - 2)
+    assert slope <= 0.25 * window_frames_mb, runs
+    # The peak: holding the 5 extra windows would add ~175 MB; measured ~30 MB above the 1-window run.
+    assert six["peak_mb"] - one["peak_mb"] <= 0.5 * 5 * window_frames_mb, runs
