@@ -7,10 +7,11 @@
 //     frameUrl: (n) => url|null,   // an image of frame n (optional)
 //     onChange: (json) => {},      // the serialised state, after every finished edit
 //     onSettings: ({grow, feather, invert}) => {},
+//     limits: {grow: {min, max}, feather: {min, max}},  // the node widgets' ranges: typed values are clamped to them
 //   });
 
 import {
-  addShape, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe,
+  addShape, clampSetting, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe,
   renderFrame, replaceShape, serializeState, shapesAt, sortedKeyframes, translateShape,
 } from "./mask_logic.js";
 
@@ -38,6 +39,7 @@ export class MaskEditor {
   constructor(root, options = {}) {
     this.root = root;
     this.options = options;
+    this.limits = { grow: { ...options.limits?.grow }, feather: { min: 0, ...options.limits?.feather } };
     this.state = parseState(options.state || "");
     this.frameCount = Math.max(1, options.frameCount || 1);
     this.frame = 0;
@@ -66,8 +68,12 @@ export class MaskEditor {
     bar.append(el("button", { "data-action": "key-add", title: "Add a keyframe here (copies the shapes as they are on this frame)", onclick: () => this.commit(ensureKeyframe(this.state, this.frame)) }, ["key +"]));
     bar.append(el("button", { "data-action": "key-remove", title: "Remove this frame's keyframe", onclick: () => this.commit(removeKeyframe(this.state, this.frame)) }, ["key −"]));
     const settings = el("div", { style: "display:flex;gap:4px;align-items:center;font:11px sans-serif;color:#ddd" });
-    this.growInput = el("input", { type: "number", min: "-256", max: "256", step: "1", style: "width:48px", title: "Grow (px; negative shrinks)", "data-role": "grow", onchange: () => this.settingsChanged() });
-    this.featherInput = el("input", { type: "number", min: "0", max: "256", step: "1", style: "width:48px", title: "Feather (px)", "data-role": "feather", onchange: () => this.settingsChanged() });
+    this.growInput = el("input", { type: "number", step: "1", style: "width:48px", title: "Grow (px; negative shrinks)", "data-role": "grow", onchange: () => this.settingsChanged() });
+    this.featherInput = el("input", { type: "number", step: "1", style: "width:48px", title: "Feather (px)", "data-role": "feather", onchange: () => this.settingsChanged() });
+    for (const [input, { min, max }] of [[this.growInput, this.limits.grow], [this.featherInput, this.limits.feather]]) {
+      if (Number.isFinite(min)) input.min = String(min);
+      if (Number.isFinite(max)) input.max = String(max);
+    }
     this.invertInput = el("input", { type: "checkbox", title: "Invert", "data-role": "invert", onchange: () => this.settingsChanged() });
     settings.append("grow", this.growInput, "feather", this.featherInput, "invert", this.invertInput);
     this.canvas = el("canvas", { class: "h3-mask-canvas", style: "width:100%;display:block;background:#111;cursor:crosshair;touch-action:none" });
@@ -111,7 +117,8 @@ export class MaskEditor {
   }
 
   setSettings({ grow, feather, invert }) {
-    this.state = { ...this.state, grow: grow ?? this.state.grow, feather: feather ?? this.state.feather, invert: invert ?? this.state.invert };
+    this.state = { ...this.state, grow: clampSetting(grow ?? this.state.grow, this.limits.grow),
+      feather: clampSetting(feather ?? this.state.feather, this.limits.feather), invert: invert ?? this.state.invert };
     this.syncSettingsInputs();
     this.render();
   }
@@ -145,8 +152,11 @@ export class MaskEditor {
   }
 
   settingsChanged() {
-    const settings = { grow: Math.trunc(Number(this.growInput.value) || 0), feather: Math.max(0, Math.trunc(Number(this.featherInput.value) || 0)), invert: this.invertInput.checked };
+    // A number box lets any value be typed (min / max only guide its arrows): clamp to the widget's range, and show it.
+    const settings = { grow: clampSetting(this.growInput.value, this.limits.grow, this.state.grow),
+      feather: clampSetting(this.featherInput.value, this.limits.feather, this.state.feather), invert: this.invertInput.checked };
     this.state = { ...this.state, ...settings };
+    this.syncSettingsInputs();
     this.options.onSettings?.(settings);
     this.commit(this.state);
   }

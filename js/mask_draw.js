@@ -4,7 +4,7 @@
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { MaskEditor } from "./mask_canvas.js";
-import { serializeState } from "./mask_logic.js";
+import { clampSetting, serializeState } from "./mask_logic.js";
 
 const LOADER_OPTIONS = ["video", "path", "force_rate", "skip_first_frames", "frame_load_cap", "select_every_nth",
   "max_seconds", "resize", "fit", "width", "height"];
@@ -48,14 +48,18 @@ app.registerExtension({
       root.addEventListener("pointerdown", (e) => e.stopPropagation());
       let source = null;
       const settingsWidgets = ["grow", "feather", "invert"].map((n) => widget(node, n));
+      // The ranges come from the node definition (INPUT_TYPES), as the widgets carry them.
+      const limitsOf = (w) => ({ min: Number(w?.options?.min), max: Number(w?.options?.max) });
+      const limits = { grow: limitsOf(settingsWidgets[0]), feather: limitsOf(settingsWidgets[1]) };
       const editor = new MaskEditor(root, {
+        limits,
         state: stateWidget?.value || "",
         frameCount: 1,
         frameUrl: (n) => (source ? api.apiURL(`/h3/video_frame?${source}&frame=${n}&max_size=512`) : null),
         onChange: (json) => { if (stateWidget) stateWidget.value = json; node.setDirtyCanvas?.(true, true); },
         onSettings: ({ grow, feather, invert }) => {
-          if (settingsWidgets[0]) settingsWidgets[0].value = grow;
-          if (settingsWidgets[1]) settingsWidgets[1].value = feather;
+          if (settingsWidgets[0]) settingsWidgets[0].value = clampSetting(grow, limits.grow);
+          if (settingsWidgets[1]) settingsWidgets[1].value = clampSetting(feather, limits.feather);
           if (settingsWidgets[2]) settingsWidgets[2].value = invert;
         },
       });

@@ -29,6 +29,16 @@ function normalizeState(state) {
   return out;
 }
 
+// A grow / feather value as the node's widget holds it: an integer inside the widget's [min, max] (the host passes
+// the limits it reads off the widget; ComfyUI refuses a prompt with anything outside them). Not a number: `fallback`.
+export function clampSetting(value, limits = {}, fallback = 0) {
+  let v = Math.trunc(Number(value));
+  if (!Number.isFinite(v)) v = Math.trunc(Number(fallback)) || 0;
+  if (Number.isFinite(limits?.min)) v = Math.max(Math.ceil(limits.min), v);
+  if (Number.isFinite(limits?.max)) v = Math.min(Math.floor(limits.max), v);
+  return v;
+}
+
 // Stable serialisation (what goes into the mask_state widget): keyframes sorted by frame.
 export function serializeState(state) {
   const copy = { ...state, keyframes: sortedKeyframes(state) };

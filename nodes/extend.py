@@ -13,7 +13,8 @@ import torch
 
 from .. import comfy_services as services
 from ..backend.media.encode import next_free_path, release_placeholder
-from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS, added_frames_for)
+from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS, added_frames_for,
+                                                   check_window_settings)
 from ..backend.pipelines.h3.geometry import FPS
 from ..backend.pipelines.h3.request import H3ExtendRequest
 from ..extend_job import keep_partial, split_prompts, window_status
@@ -81,21 +82,17 @@ class H3Extend:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, prompt=None, window_frames=None, overlap_frames=None):
+    def VALIDATE_INPUTS(cls, prompt=None):
+        # Names only `prompt`: ComfyUI skips its own min/max checks for the inputs named here, and reports a refusal
+        # once per named input. window_frames / overlap_frames keep ComfyUI's range checks; their 17n+5 grid and how
+        # they fit together are checked first thing when the node runs (check_window_settings).
         if isinstance(prompt, str) and not any(p for p in split_prompts(prompt)):
             return "The prompt is empty: describe what happens next (and its sound)."
-        if isinstance(window_frames, int) and isinstance(overlap_frames, int):
-            from ..backend.pipelines.h3.extension_plan import check_window_settings
-            from ..backend.pipelines.h3.geometry import RequestError
-
-            try:
-                check_window_settings(window_frames, overlap_frames)
-            except RequestError as exc:
-                return str(exc)
         return True
 
     def extend(self, engine, prompt, seconds, windows, window_frames, overlap_frames, audio_mode, steps,
                video_shift, audio_shift, seed, video=None, latents=None, driving_audio=None, unique_id=None):
+        check_window_settings(window_frames, overlap_frames)  # before `added` is computed from them
         if (video is None) == (latents is None):
             raise ValueError("H3 Extend needs one source: connect a video, or the latents of an earlier H3 node.")
         added = windows * (window_frames - overlap_frames) if windows > 0 else added_frames_for(seconds)

@@ -5,6 +5,7 @@ grow / feather / invert widgets are the ones used here (the state keeps copies f
 
 from __future__ import annotations
 
+from .. import comfy_services as services
 from ..backend.media.mask_raster import (COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert, paint_over,
                                          parse_state, rasterize_state)
 from ..video_types import as_h3_video
@@ -49,7 +50,9 @@ class H3MaskDraw:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, mask_state=None, **_):
+    def VALIDATE_INPUTS(cls, mask_state=None):
+        # Names only mask_state: ComfyUI skips its own min/max/list checks for every input named here (for all of
+        # them if this took **kwargs), so grow / feather / combine stay checked by ComfyUI against their widgets.
         if isinstance(mask_state, str):
             try:
                 parse_state(mask_state)
@@ -70,4 +73,6 @@ class H3MaskDraw:
                 masks = combine_masks(rasterize_state(state, frame_count, height, width), external, combine)
         else:
             masks = rasterize_state(state, frame_count, height, width)
-        return (grow_feather_invert(masks, grow, feather, invert),)
+        # Stop reaches a long grow / feather (checked between chunks of frames); a GPU does it when there is one.
+        return (grow_feather_invert(masks, grow, feather, invert, check=services.raise_if_interrupted,
+                                    device="auto"),)

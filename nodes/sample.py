@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import comfy_services as services
 from ..backend.engine import EngineCancelled, EngineError, shutdown_all
-from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds, resolve_geometry
+from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents
 from ..video_types import H3Video
@@ -69,30 +69,13 @@ class H3Sample:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, prompt=None, seconds=None, width=None, height=None):
-        # Checked at queue time so a bad request is refused before anything runs (inputs fed by links are None).
-        # ComfyUI skips its own min/max checks for the inputs named here (for every input, steps and seed included,
-        # if this took **kwargs), so their ranges are checked here: width/height below, seconds by resolve_geometry.
+    def VALIDATE_INPUTS(cls, prompt=None):
+        # Names only `prompt` (None when linked): ComfyUI skips its own min/max checks for every input named here
+        # and reports a refusal once per named input, so seconds / width / height / steps / seed keep ComfyUI's
+        # range checks. How width and height fit together (both or neither, multiples of 32, aspect) is checked by
+        # the request when the node runs, before any model work (run_engine).
         if isinstance(prompt, str) and not prompt.strip():
             return "The prompt is empty: describe the video (and its sound)."
-        declared = cls.INPUT_TYPES()["required"]
-        for name, value in (("width", width), ("height", height)):
-            low, high = declared[name][1]["min"], declared[name][1]["max"]
-            if isinstance(value, (int, float)) and not low <= value <= high:
-                return f"{name} must be between {low:g} and {high:g}, got {value:g}."
-        if isinstance(width, int) and isinstance(height, int):
-            if (width == 0) != (height == 0):
-                return "Set both width and height, or leave both at 0 (automatic)."
-            if width and height:
-                try:
-                    resolve_geometry(seconds_to_frames(seconds or MIN_SECONDS), height, width)
-                except RequestError as exc:
-                    return str(exc)
-        if isinstance(seconds, (int, float)):
-            try:
-                resolve_geometry(seconds_to_frames(seconds), 768, 1344)
-            except RequestError as exc:
-                return str(exc)
         return True
 
     def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
@@ -114,6 +97,10 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
     """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors.
     `status(done, total)` -> a text shown on the node with each step; `on_cancelled(EngineCancelled)` -> the message
     of the interrupt raised on Stop (e.g. naming what was kept)."""
+    try:  # the checks VALIDATE_INPUTS leaves (inputs that fit together), before any engine is made or memory freed
+        request.validate()
+    except RequestError as exc:
+        raise ValueError(str(exc)) from None
     services.register_free_memory_hook(shutdown_all)  # ComfyUI's Unload Models / POST /free stops the workers
     engine = handle.engine()
     if not engine.started and handle.config.device.startswith("cuda"):

@@ -93,7 +93,8 @@ def test_node_streams_to_a_file_chains_and_saves(folders, handle):
     with pytest.raises(ValueError, match="one source"):
         H3Extend().extend(handle, "x", 1.0, 0, 56, 22, "continue", 1, 12.0, 3.0, 0)
     assert H3Extend.VALIDATE_INPUTS(prompt=" \n---\n ") != True  # noqa: E712
-    assert "at least 17 new frames" in H3Extend.VALIDATE_INPUTS(prompt="x", window_frames=39, overlap_frames=39)
+    with pytest.raises(ValueError, match="at least 17 new frames"):  # checked first when the node runs
+        H3Extend().extend(handle, "x", 1.0, 2, 39, 39, "continue", 1, 12.0, 3.0, 0)
 
 
 def test_node_stop_keeps_the_finished_windows(folders, handle, monkeypatch):

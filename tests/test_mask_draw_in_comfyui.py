@@ -155,6 +155,9 @@ def _check_editor_and_drawing(result: dict, workflow: dict) -> str:
     assert rect["type"] == "rect" and rect["id"] != "obj"
     for got, want in zip((rect["x"], rect["y"], rect["w"], rect["h"]), (x0, y0, x1 - x0, y1 - y0)):
         assert abs(got - want) < 1.5, rect
+    # Out of range in the editor's boxes: clamped to the node widgets' own range (5000 -> 256, -40 -> 0).
+    assert result["clamped"] == {"grow": 256, "feather": 0, "growBox": "256", "featherBox": "0",
+                                 "growRange": [-256, 256], "featherRange": [0, 256], "stateGrow": 256}, result["clamped"]
     assert state["grow"] == GROW and result["growWidget"] == GROW  # typed in the editor, copied to the node
     assert not drawn["stateShown"] and drawn["editorBottom"] <= drawn["nodeBottom"] + 1
 

@@ -51,20 +51,106 @@ def test_every_input_has_a_tooltip_and_ids_have_the_pack_prefix():
         assert cls.CATEGORY == "H3" and hasattr(cls, cls.FUNCTION)
 
 
-@pytest.mark.parametrize("inputs,message", [
-    (dict(prompt="  ", seconds=5.0, width=0, height=0), "prompt is empty"),
-    (dict(prompt="x", seconds=16.0, width=0, height=0), "5 to 15 s"),
-    (dict(prompt="x", seconds=5.0, width=1344, height=0), "both width and height"),
-    (dict(prompt="x", seconds=5.0, width=1344, height=100), "multiples of 32"),
-    (dict(prompt="x", seconds=5.0, width=2048, height=256), "aspect ratios"),
-])
-def test_sample_refuses_bad_input_at_queue_time(inputs, message):
+def _declared_inputs(cls) -> dict:
+    spec = cls.INPUT_TYPES()
+    return {name: (value[0], value[1] if len(value) > 1 else {}) for section in ("required", "optional")
+            for name, value in spec.get(section, {}).items()}
+
+
+def _valid_values(kind, opts) -> list:
+    """Values a widget can hold (a linked input is None at queue time)."""
+    if isinstance(kind, list):
+        return list(dict.fromkeys([opts.get("default", kind[0] if kind else None), *kind[:3]]))
+    if kind in ("INT", "FLOAT"):
+        return list(dict.fromkeys(v for v in (opts.get("min"), opts.get("default"), opts.get("max")) if v is not None))
+    if kind == "STRING":
+        return list(dict.fromkeys([opts.get("default", ""), "x"]))
+    if kind == "BOOLEAN":
+        return [False, True]
+    return [None]
+
+
+def _out_of_range_values(kind, opts) -> list:
+    """Values ComfyUI itself refuses for this widget (outside min/max by one and by one step; not in the list)."""
+    if isinstance(kind, list):
+        return ["no-such-choice.mp4"]
+    if kind not in ("INT", "FLOAT"):
+        return []
+    cast = int if kind == "INT" else float
+    step = opts.get("step", 1) or 1
+    values = []
+    if "min" in opts:
+        values += [cast(opts["min"] - 1), cast(opts["min"] - step)]
+    if "max" in opts:
+        values += [cast(opts["max"] + 1), cast(opts["max"] + step)]
+    return values
+
+
+def test_validators_leave_comfyui_its_range_and_choice_checks(tmp_path, monkeypatch):
+    """ComfyUI skips its own min/max/list checks for every input a VALIDATE_INPUTS names (for every input of the node
+    when it takes **kwargs): a validator must take no **kwargs, and must refuse what ComfyUI would have refused for
+    each input it names (with the others at any valid value)."""
+    import inspect
+    import itertools
+
+    from comfyui_h3.registration import NODE_CLASS_MAPPINGS
+
+    monkeypatch.setenv("COMFYUI_H3_INPUT", str(tmp_path))  # file lists hold exactly these two files
+    (tmp_path / "ok.png").write_bytes(b"")
+    (tmp_path / "ok.mp4").write_bytes(b"")
+    checked = 0
+    for node_id, cls in NODE_CLASS_MAPPINGS.items():
+        validate = getattr(cls, "VALIDATE_INPUTS", None)
+        if validate is None:
+            continue
+        spec = inspect.getfullargspec(validate)
+        assert spec.varkw is None, (f"{node_id}.VALIDATE_INPUTS takes **{spec.varkw}: ComfyUI then skips its range "
+                                    "and choice checks for every input of the node")
+        declared = _declared_inputs(cls)
+        named = [a for a in spec.args if a in declared]
+        for name in named:
+            kind, opts = declared[name]
+            others = [n for n in named if n != name]
+            for combo in itertools.product(*(_valid_values(*declared[n]) for n in others)):
+                base = dict(zip(others, combo))
+                good = [v for v in _valid_values(kind, opts) if validate(**base, **{name: v}) is True]
+                if not good:  # this combination of the others is refused anyway: it says nothing about `name`
+                    continue
+                for bad in _out_of_range_values(kind, opts):
+                    checked += 1
+                    verdict = validate(**base, **{name: bad})
+                    assert verdict is not True, (f"{node_id}.VALIDATE_INPUTS names {name!r} (so ComfyUI does not "
+                                                 f"check it) but accepts {name}={bad!r} with {base}")
+    assert checked, "no named input with a range or a list was exercised"
+
+
+def test_sample_refuses_an_empty_prompt_at_queue_time():
     from comfyui_h3.nodes.sample import H3Sample
 
-    verdict = H3Sample.VALIDATE_INPUTS(**inputs)
-    assert verdict is not True and message in verdict
-    assert H3Sample.VALIDATE_INPUTS(prompt="x", seconds=5.0, width=1344, height=768) is True
-    assert H3Sample.VALIDATE_INPUTS(prompt=None, seconds=None, width=None, height=None) is True  # linked inputs
+    assert "prompt is empty" in H3Sample.VALIDATE_INPUTS(prompt="  ")
+    assert H3Sample.VALIDATE_INPUTS(prompt="x") is True
+    assert H3Sample.VALIDATE_INPUTS(prompt=None) is True  # a linked prompt
+
+
+class _NoEngine:
+    """An engine handle that must never be used: the request is refused before."""
+
+    def engine(self):
+        raise AssertionError("an engine was asked for a request that should have been refused")
+
+
+@pytest.mark.parametrize("width,height,message", [
+    (1344, 0, "width and height together"),
+    (1344, 100, "multiples of 32"),
+    (2048, 256, "aspect ratios"),
+])
+def test_sample_refuses_sizes_that_do_not_fit_before_any_engine_work(width, height, message):
+    # Checks that need two inputs run when the node runs (VALIDATE_INPUTS names one input: see
+    # test_validators_report_once), still before an engine is made or ComfyUI's memory freed.
+    from comfyui_h3.nodes.sample import H3Sample
+
+    with pytest.raises(ValueError, match=message):
+        H3Sample().sample(_NoEngine(), "waves", 5.0, width, height, 2, 12.0, 3.0, 0)
 
 
 def test_nodes_end_to_end_and_never_overwrite(tmp_path, monkeypatch, tiny_h3_dir):

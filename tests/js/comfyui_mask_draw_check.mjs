@@ -128,9 +128,24 @@ try {
   result.graphUnmoved = (await where()) === before;
   await scrubTo(config.frame);
 
+  // Values typed into the editor's own boxes beyond the node widgets' range are clamped to it (the box shows it).
+  const typeInto = async (role, value) => {
+    await page.locator(`input[data-role="${role}"]`).fill(String(value));
+    await page.locator(`input[data-role="${role}"]`).press("Tab");
+  };
+  await typeInto("grow", 5000);
+  await typeInto("feather", -40);
+  result.clamped = await page.evaluate(() => {
+    const node = window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw");
+    const w = (name) => node.widgets.find((x) => x.name === name);
+    const box = (role) => document.querySelector(`input[data-role="${role}"]`).value;
+    return { grow: w("grow").value, feather: w("feather").value, growBox: box("grow"), featherBox: box("feather"),
+      growRange: [w("grow").options.min, w("grow").options.max], featherRange: [w("feather").options.min, w("feather").options.max],
+      stateGrow: JSON.parse(w("mask_state").value).grow };
+  });
+
   // A grow typed into the editor's own field reaches the node's widget (what runs) and the preview.
-  await page.locator('input[data-role="grow"]').fill(String(config.grow));
-  await page.locator('input[data-role="grow"]').press("Tab");
+  await typeInto("grow", config.grow);
   result.growWidget = await page.evaluate(() =>
     window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw").widgets.find((w) => w.name === "grow").value);
   result.drawn = await page.evaluate(editorView);

@@ -2,7 +2,7 @@
 import test from "node:test";
 import assert from "node:assert/strict";
 import {
-  addShape, ensureKeyframe, growFeatherInvert, parseState, rasterizeShapes, removeKeyframe, renderFrame,
+  addShape, clampSetting, ensureKeyframe, growFeatherInvert, parseState, rasterizeShapes, removeKeyframe, renderFrame,
   serializeState, shapesAt,
 } from "../../js/mask_logic.js";
 
@@ -73,4 +73,18 @@ test("editing helpers and serialisation round-trip", () => {
   assert.equal(back.keyframes[2].shapes.length, 1);
   assert.equal(removeKeyframe(back, 7).keyframes.length, 2);
   assert.equal(sum(renderFrame(back, 7, 64, 32)), 16);
+});
+
+test("grow / feather typed in the editor are clamped to the widget's range", () => {
+  const grow = { min: -256, max: 256 };
+  assert.equal(clampSetting(5000, grow), 256);
+  assert.equal(clampSetting("-100000", grow), -256);
+  assert.equal(clampSetting("12.7", grow), 12);
+  assert.equal(clampSetting(-3, grow), -3);
+  assert.equal(clampSetting("abc", grow, 7), 7);  // not a number: the previous value
+  assert.equal(clampSetting("", { min: 0, max: 256 }), 0);
+  assert.equal(clampSetting(-5, { min: 0, max: 256 }), 0);
+  assert.equal(clampSetting(1e9, { min: 0, max: 256 }), 256);
+  assert.equal(clampSetting(Infinity, { min: 0, max: 256 }, 4), 4);
+  assert.equal(clampSetting(40, { min: NaN, max: undefined }), 40);  // no range given: only made an integer
 });
