@@ -50,14 +50,15 @@ class EngineConfig:
     def _check_heads_split(self) -> None:
         """Ulysses splits attention heads over the ranks: refuse a degree that does not divide them, before any
         weight moves (the release's 56 heads allow 1, 2, 4, 7, 8)."""
-        import json
+        from .models.checkpoint import CheckpointError, read_json
 
         for part in ("transformer", "transformer_ref"):
             path = os.path.join(self.model_dir, part, "config.json")
             if not os.path.isfile(path):
                 continue
-            with open(path, encoding="utf-8") as handle:
-                heads = int(json.load(handle).get("num_attention_heads", 56))
+            heads = read_json(path).get("num_attention_heads", 56)  # a broken config is an error naming it
+            if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+                raise CheckpointError(f"{path}: num_attention_heads must be a positive integer, got {heads!r}.")
             if heads % self.world_size:
                 ok = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 16]
                 raise ValueError(f"Sequence-parallel degree {self.world_size} does not divide the model's {heads} "

@@ -2,15 +2,17 @@
 
 Every key of the module must come from the checkpoint with the right shape, and every checkpoint key must land in
 the module: anything else is an error that names the file and the first offending keys. Weights are only ever read
-with safetensors (never pickle).
+with safetensors (never pickle). Every model file is opened under `reading`, ours and the libraries' loads alike, so
+a missing, unreadable, corrupt or mismatched file is always a CheckpointError that names it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from safetensors import safe_open
@@ -28,6 +30,86 @@ def _first(keys: Iterable[str], n: int = 5) -> str:
     return ", ".join(keys[:n]) + more
 
 
+def _line(exc: BaseException) -> str:
+    """The first line of an exception's message (library errors run to pages), with its type when it says little."""
+    text = str(exc).strip().splitlines()
+    text = text[0] if text else ""
+    return f"{type(exc).__name__}: {text}" if len(text) < 12 else text
+
+
+def stored_shapes(folder: str | os.PathLike) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """key -> (file, shape) for every tensor of a component folder, from the safetensors headers only (a few KB per
+    file, no tensor data). A truncated file or a corrupt header is a CheckpointError naming the file; so is a shard
+    that lacks keys its index assigns to it."""
+    out: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for shard, listed in find_shards(folder).items():
+        with reading(shard):
+            with safe_open(str(shard), framework="pt", device="cpu") as handle:
+                for key in handle.keys():
+                    out[key] = (shard, tuple(handle.get_slice(key).get_shape()))
+        if listed is not None:
+            absent = [k for k in listed if out.get(k, (None,))[0] != shard]
+            if absent:
+                raise CheckpointError(f"{shard} lacks keys its index assigns to it: {_first(absent)}")
+    return out
+
+
+def mismatch_report(expected: Mapping[str, Sequence[int]], stored: Mapping[str, tuple[Path, tuple[int, ...]]],
+                    config: str | os.PathLike = "its config") -> str | None:
+    """The first tensors whose stored shape differs from what the config builds, grouped by the file holding them
+    (None when every shared key fits)."""
+    bad: dict[Path, list[str]] = {}
+    for key in sorted(set(expected) & set(stored)):
+        shard, shape = stored[key]
+        if tuple(shape) != tuple(expected[key]):
+            bad.setdefault(shard, []).append(f"{key} {tuple(shape)} vs {tuple(expected[key])}")
+    if not bad:
+        return None
+    shard, lines = next(iter(bad.items()))
+    more = f" (+{len(lines) - 3} more)" if len(lines) > 3 else ""
+    others = f"; also {_first(map(str, list(bad)[1:]), 2)}" if len(bad) > 1 else ""
+    return (f"{shard} does not match {config} (stored shape vs the config's): {'; '.join(lines[:3])}{more}"
+            f"{others}")
+
+
+@contextmanager
+def reading(path: str | os.PathLike, expected: Callable[[], Mapping[str, Sequence[int]]] | None = None,
+            config: str | os.PathLike | None = None) -> Iterator[None]:
+    """Run a read of a model file or component folder; whatever fails in it (bad JSON, a corrupt or truncated
+    safetensors, an OSError, tensors that do not fit the config, a library's own load error) leaves as one
+    CheckpointError naming the file and, for a mismatch, the first bad keys.
+
+    For a folder, `expected()` (key -> shape the config builds, e.g. the module built on the meta device) is asked
+    only after a failure, to name the mismatched tensors and their file; `config` is the file that made them.
+    Out-of-memory passes through untouched: it is not a fault of the file."""
+    try:
+        yield
+    except (CheckpointError, MemoryError, torch.cuda.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        path = Path(path)
+        if path.is_dir():
+            stored = stored_shapes(path)  # a corrupt or truncated shard raises here, naming itself
+            if expected is not None:
+                try:
+                    shapes = expected()
+                except Exception:  # the diagnosis is best effort: the generic message below still names the folder
+                    shapes = None
+                report = shapes and mismatch_report(shapes, stored, config or path / "config.json")
+                if report:
+                    raise CheckpointError(report) from exc
+        hint = " (the file is damaged or incomplete: download it again)" if "Safetensor" in type(exc).__name__ else ""
+        verb = "load" if path.is_dir() else "read"
+        raise CheckpointError(f"Cannot {verb} {path}: {_line(exc)}{hint}") from exc
+
+
+def meta_shapes(build: Callable[[], torch.nn.Module]) -> dict[str, tuple[int, ...]]:
+    """key -> shape of the module `build()` makes, built on the meta device (no memory, no init cost)."""
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
 def find_shards(folder: str | os.PathLike) -> dict[Path, list[str] | None]:
     """Map each safetensors file of a component folder to the keys the index assigns it (None: read its header)."""
     folder = Path(folder)
@@ -36,10 +118,9 @@ def find_shards(folder: str | os.PathLike) -> dict[Path, list[str] | None]:
     for stem in WEIGHT_STEMS:
         index = folder / f"{stem}.safetensors.index.json"
         if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (ValueError, KeyError) as exc:
-                raise CheckpointError(f"Unreadable shard index {index}: {exc}") from exc
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise CheckpointError(f"Unreadable shard index {index}: it has no weight_map of key -> file name.")
             shards: dict[Path, list[str]] = {}
             for key, name in weight_map.items():
                 shards.setdefault(folder / name, []).append(key)
@@ -68,11 +149,7 @@ def load_into(
     expected = {k: v for k, v in module.state_dict().items()}
     seen: set[str] = set()
     for shard, listed in find_shards(folder).items():
-        try:
-            handle = safe_open(str(shard), framework="pt", device=str(device))
-        except Exception as exc:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"Cannot read {shard}: {exc}") from exc
-        with handle:
+        with reading(shard), safe_open(str(shard), framework="pt", device=str(device)) as handle:
             keys = list(handle.keys())
             if listed is not None and set(listed) - set(keys):
                 raise CheckpointError(
@@ -85,10 +162,7 @@ def load_into(
             for key in keys:
                 if key not in expected:
                     continue
-                try:
-                    tensor = handle.get_tensor(key)
-                except Exception as exc:
-                    raise CheckpointError(f"Cannot read tensor {key!r} from {shard}: {exc}") from exc
+                tensor = handle.get_tensor(key)
                 want = expected[key]
                 if tuple(tensor.shape) != tuple(want.shape):
                     raise CheckpointError(
@@ -104,10 +178,17 @@ def load_into(
         raise CheckpointError(f"{folder} is missing weights: {_first(missing)}")
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: str | os.PathLike) -> dict:
+    """A model folder's JSON file as a dict; missing, unreadable or not a JSON object -> CheckpointError naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"Missing config file {path}")
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"Missing config file {path}") from None
-    except ValueError as exc:
-        raise CheckpointError(f"Unreadable JSON in {path}: {exc}") from exc
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+        raise CheckpointError(f"Unreadable JSON in {path}: {_line(exc)}") from exc
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read {path}: {_line(exc)}") from exc
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"Unreadable config {path}: expected a JSON object, got {type(raw).__name__}.")
+    return raw

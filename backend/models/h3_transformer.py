@@ -15,7 +15,6 @@ Forward contract (one packed request; the batch axis replicates one layout):
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
@@ -64,8 +63,10 @@ class H3TransformerConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "H3TransformerConfig":
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_dict(json.load(handle))
+        from .checkpoint import read_json, reading
+
+        with reading(path):  # a value the config cannot take is an error naming the file
+            return cls.from_dict(read_json(path))
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -320,11 +321,13 @@ def load_h3_transformer(
     """Build on the meta device (no host copy of 33B params), then assign the checkpoint's tensors strictly.
 
     dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it."""
-    from .checkpoint import load_into, read_json
+    from .checkpoint import load_into, reading
 
     folder = os.fspath(folder)
-    cfg = H3TransformerConfig.from_dict(read_json(os.path.join(folder, "config.json")))
-    with torch.device("meta"):
+    config = os.path.join(folder, "config.json")
+    cfg = H3TransformerConfig.from_json(config)
+    attention = get_attention(attention) if isinstance(attention, str) else attention  # not the file's fault
+    with reading(config), torch.device("meta"):  # e.g. a width the head count does not divide: names the config
         model = H3Transformer(cfg, attention)
 
     def dtype_for(key: str, stored: torch.dtype) -> torch.dtype:

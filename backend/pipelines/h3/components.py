@@ -1,26 +1,31 @@
 """Load a MiniMax-H3 diffusers-layout folder: text encoder, tokenizer, processor, VAEs, and the two DiT partitions.
 
 Layout: transformer/ (t2va, fl2va), transformer_ref/ (ref2va), vae/, audio_vae/, text_encoder/, tokenizer/,
-processor/, scheduler/ and model_index.json. Either transformer partition may be absent (then its tasks are
-refused with a clear message). DiTs load lazily, on the first request that needs them, through our strict loader;
-the other components through their libraries with a strict key report (nothing is left randomly initialised).
+processor/, scheduler/, audio_scheduler/ and model_index.json. Either transformer partition may be absent (then its
+tasks are refused with a clear message). DiTs load lazily, on the first request that needs them, through our strict
+loader; the other components through their libraries with a strict key report (nothing is left randomly
+initialised). Every file is read under checkpoint.reading, so any fault is an error naming the file; the folder check
+reads every config and every safetensors header before a weight loads.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ...models.checkpoint import CheckpointError, find_shards
+from ...models.checkpoint import CheckpointError, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from .conditioning import ConditionEncoder
 from .text import TEXT_LAYER, TextEncoder
 
 REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
+WEIGHTED = ("transformer", "transformer_ref", "vae", "audio_vae", "text_encoder")
+# A Qwen2 tokenizer loads from tokenizer.json or from vocab.json + merges.txt; with neither, transformers still
+# returns a tokenizer, one that turns every prompt into zero tokens (a reshape error at generate time).
+TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "transformer_ref", "edit": "transformer",
                   "extend": "transformer_ref"}
 
@@ -35,19 +40,38 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
         missing.append("transformer/ or transformer_ref/")
     if missing:
         raise CheckpointError(f"{path} is not a MiniMax-H3 diffusers folder: missing {', '.join(missing)}")
-    for name in ("transformer", "transformer_ref", "vae", "audio_vae", "text_encoder"):
+    # Everything below reads only configs and safetensors headers: a broken file is named before a weight loads.
+    for config in sorted(path.glob("*.json")):
+        read_json(config)
+    for name in REQUIRED + ("transformer", "transformer_ref", "scheduler", "audio_scheduler"):
+        for config in sorted((path / name).glob("*.json")) if (path / name).is_dir() else ():
+            read_json(config)
+    for name in WEIGHTED:
         if (path / name).is_dir():
-            find_shards(path / name)  # raises on absent / pickle-only weights before anything heavy loads
+            read_json(path / name / "config.json")  # a weights folder without its config is named here
+            stored_shapes(path / name)  # absent / pickle-only weights, truncated or corrupt shards, short indexes
+    for name in ("tokenizer", "processor"):
+        if not any(all((path / name / f).is_file() for f in files) for files in TOKENIZER_FILES):
+            raise CheckpointError(f"{path / name / 'tokenizer.json'} is missing (the tokenizer needs tokenizer.json, "
+                                  "or vocab.json + merges.txt): copy it from the model's release.")
     return path.resolve()
 
 
 def _strict(kind: str, folder: Path, info: dict, ignore=lambda key: False) -> None:
-    bad = {k: [key for key in v if not ignore(key)] for k, v in info.items()
+    """The library's own load report, strictly: any missing, unexpected or mismatched key is an error naming the
+    weight file that holds it (or, for a missing key, the folder's weight files) and the first bad keys."""
+    bad = {k: [key for key in v if not ignore(key if isinstance(key, str) else key[0])] for k, v in info.items()
            if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
     bad = {k: v for k, v in bad.items() if v}
     if bad:
-        detail = "; ".join(f"{k}: {', '.join(map(str, list(v)[:5]))}" for k, v in bad.items())
-        raise CheckpointError(f"{kind} weights in {folder} do not match its config ({detail})")
+        stored = stored_shapes(folder)
+        named = [key if isinstance(key, str) else key[0] for v in bad.values() for key in v]
+        files = sorted({str(stored[key][0]) for key in named if key in stored})
+        if not files:  # only missing keys: the folder's weight files
+            files = sorted({str(file) for file, _ in stored.values()})
+        where = ", ".join(files[:2]) + (f" (+{len(files) - 2} more)" if len(files) > 2 else "")
+        detail = "; ".join(f"{k}: {', '.join(sorted(map(str, v))[:5])}" for k, v in bad.items())
+        raise CheckpointError(f"{kind} weights {where} do not match {folder / 'config.json'} ({detail})")
 
 
 def load_text_encoder(folder: Path, dtype: torch.dtype):
@@ -59,8 +83,9 @@ def load_text_encoder(folder: Path, dtype: torch.dtype):
 
     from transformers import AutoConfig, Qwen3VLForConditionalGeneration
 
-    config = AutoConfig.from_pretrained(folder)
-    layers = config.text_config.num_hidden_layers
+    with reading(folder / "config.json"):
+        config = AutoConfig.from_pretrained(folder)
+        layers = config.text_config.num_hidden_layers
     if layers <= TEXT_LAYER:
         raise CheckpointError(f"MiniMax-H3 reads hidden_states[{TEXT_LAYER}] of Qwen3-VL; {folder} has only {layers} "
                               "decoder layers.")
@@ -70,8 +95,9 @@ def load_text_encoder(folder: Path, dtype: torch.dtype):
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the skipped layers are expected, not a load problem: checked strictly below
     try:
-        model, info = Qwen3VLForConditionalGeneration.from_pretrained(
-            folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True)
+        with reading(folder, expected=lambda: meta_shapes(lambda: Qwen3VLForConditionalGeneration._from_config(config))):
+            model, info = Qwen3VLForConditionalGeneration.from_pretrained(
+                folder, config=config, dtype=dtype, use_safetensors=True, output_loading_info=True)
     finally:
         hf_logging.set_verbosity(verbosity)
     dropped = re.compile(r"(^|\.)layers\.(\d+)\.")
@@ -108,12 +134,8 @@ class H3Components:
         self.options = options
         self.device = torch.device(options.device)
         f = self.folder
-        self.vae, info = AutoencoderKLMiniMaxH3.from_pretrained(
-            f / "vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
-        _strict("vae", f / "vae", info)
-        self.audio_vae, info = AutoencoderKLMiniMaxH3Audio.from_pretrained(
-            f / "audio_vae", torch_dtype=options.vae_dtype, use_safetensors=True, output_loading_info=True)
-        _strict("audio_vae", f / "audio_vae", info)
+        self.vae = _load_diffusers(AutoencoderKLMiniMaxH3, "vae", f / "vae", options.vae_dtype)
+        self.audio_vae = _load_diffusers(AutoencoderKLMiniMaxH3Audio, "audio_vae", f / "audio_vae", options.vae_dtype)
         # Under sequence parallelism only rank 0 holds the text encoder (~50 GB of Qwen3-VL in bf16 for the
         # release) and broadcasts the embeddings; the other ranks keep that memory for the DiT.
         text_model = load_text_encoder(f / "text_encoder", options.dtype) if options.load_text_encoder else None
@@ -122,8 +144,14 @@ class H3Components:
         self.text = None
         if text_model is not None:
             text_model.to(self.device).eval().requires_grad_(False)
-            self.text = TextEncoder(text_model, AutoTokenizer.from_pretrained(f / "tokenizer"),
-                                    AutoProcessor.from_pretrained(f / "processor"), self.device, options.dtype)
+            with reading(f / "tokenizer"):
+                tokenizer = AutoTokenizer.from_pretrained(f / "tokenizer")
+            if not tokenizer("a", add_special_tokens=False)["input_ids"]:
+                raise CheckpointError(f"The tokenizer in {f / 'tokenizer'} turns text into no tokens: its tokenizer.json "
+                                      "(or vocab.json + merges.txt) is not a Qwen tokenizer's.")
+            with reading(f / "processor"):
+                processor = AutoProcessor.from_pretrained(f / "processor")
+            self.text = TextEncoder(text_model, tokenizer, processor, self.device, options.dtype)
         self.cond = ConditionEncoder(self.vae, self.audio_vae, self.device)
         self._dits: dict[str, H3Transformer] = {}
 
@@ -175,8 +203,16 @@ class H3Components:
         for name in ("transformer", "transformer_ref"):
             cfg = self.folder / name / "config.json"
             if cfg.is_file():
-                return tuple(json.loads(cfg.read_text())["patch_size"])
+                return tuple(read_json(cfg).get("patch_size", (1, 2, 2)))
         return (1, 2, 2)
+
+
+def _load_diffusers(cls, kind: str, folder: Path, dtype: torch.dtype):
+    """A diffusers component, strictly; a failure names the file (and the mismatched tensors, when that is why)."""
+    with reading(folder, expected=lambda: meta_shapes(lambda: cls.from_config(cls.load_config(folder)))):
+        model, info = cls.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, output_loading_info=True)
+    _strict(kind, folder, info)
+    return model
 
 
 def folder_settings(folder: str | os.PathLike) -> dict:
@@ -185,10 +221,7 @@ def folder_settings(folder: str | os.PathLike) -> dict:
     for name in ("modular_model_index.json", "model_index.json"):
         path = Path(folder) / name
         if path.is_file():
-            try:
-                raw = json.loads(path.read_text(encoding="utf-8"))
-            except ValueError:
-                continue
+            raw = read_json(path)  # a broken index is named, not skipped: it may hold the canvas settings
             for key in ("reference_image_short_edge", "canvas_short_edge", "canvas_max_pixels"):
                 if isinstance(raw.get(key), int):
                     settings.setdefault(key, raw[key])
