@@ -115,6 +115,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .cli_outputs import OutputError
+
     args = _parser().parse_args(argv)
     try:
         return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend, "run": _run,
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("Stopped.", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError, OutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -166,9 +168,10 @@ def _extend(args) -> int:
 
 
 def _run(args) -> int:
+    from .registration import NODE_CLASS_MAPPINGS
     from .workflow_runner import apply_overrides, load_workflow
 
-    prompt = apply_overrides(load_workflow(args.workflow), args.set)
+    prompt = apply_overrides(load_workflow(args.workflow), args.set, NODE_CLASS_MAPPINGS)
     if args.server:
         from .server_client import run_on_server
 

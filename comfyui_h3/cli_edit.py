@@ -59,19 +59,25 @@ def build_request(args):
 
 def edit(args, model_dir: str) -> int:
     from .backend.media.save import write_mp4
-    from .cli_generate import _save_latents, refuse_existing, run_on_engine
+    from .cli_generate import run_on_engine, save_latents_file
+    from .cli_outputs import CliOutputs
 
-    refuse_existing(args.out, args.save_latents)
+    outputs = CliOutputs()  # checked now, written to temporaries, published together
+    latents = outputs.add(args.save_latents) if args.save_latents else None
+    video = outputs.add(args.out)
     request = build_request(args)
     request.validate()
     result = run_on_engine(args, model_dir, request, "edit")
     if result is None:
         return 130
-    if args.save_latents:
-        _save_latents(args.save_latents, result)
-        print(args.save_latents)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    print(write_mp4(os.path.abspath(args.out), result.frames, result.fps, result.audio, result.sample_rate))
+    with outputs:
+        if latents:
+            outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
+        outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio, result.sample_rate,
+                                                   reserved=True))
+        paths = outputs.publish()
+    for path in paths:
+        print(path)
     info = result.edit or {}
     print(f"edit ({args.mode}): grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
           f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "

@@ -33,37 +33,36 @@ def build_request(args, out_path: str):
 
 
 def extend(args, model_dir: str) -> int:
-    from .backend.media.encode import release_placeholder, reserve_path
-    from .cli_generate import _save_latents, refuse_existing, run_on_engine
+    from .cli_generate import run_on_engine, save_latents_file
+    from .cli_outputs import CliOutputs
     from .extend_job import keep_partial, partial_prefix_for, window_status
 
     if args.windows is None and args.seconds is None:
         raise ValueError("Say how much to add: --seconds S or --windows N.")
-    out = os.path.abspath(args.out)
-    refuse_existing(out, args.save_latents)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    reserve_path(out)  # the worker publishes onto it
-    try:
-        request = build_request(args, out)
-        request.validate()
+    outputs = CliOutputs()  # checked now (the partial file goes beside --out), published together at the end
+    latents = outputs.add(args.save_latents) if args.save_latents else None
+    out = outputs.add(args.out)
+    request = build_request(args, out)
+    request.validate()
+    with outputs:
+        request.output_path = outputs.stage(out)  # the worker streams into it and publishes it complete there
         stopped = {}
         result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
                                on_cancelled=stopped.update)
-    finally:
-        release_placeholder(out)
-    if result is None:
-        if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
-            folder, prefix = partial_prefix_for(out)
-            kept = keep_partial(stopped["path"], folder, prefix)
-            print(f"Stopped after {stopped['windows_done']} of {stopped['windows']} windows; kept "
-                  f"{stopped.get('seconds', 0):.2f} s as {kept}", file=sys.stderr)
-            print(kept)
-        return 130
-    if args.save_latents:
-        _save_latents(args.save_latents, result)
-        print(args.save_latents)
+        if result is None:
+            if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
+                folder, prefix = partial_prefix_for(out)
+                kept = keep_partial(stopped["path"], folder, prefix)
+                print(f"Stopped after {stopped['windows_done']} of {stopped['windows']} windows; kept "
+                      f"{stopped.get('seconds', 0):.2f} s as {kept}", file=sys.stderr)
+                print(kept)
+            return 130
+        if latents:
+            outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
+        paths = outputs.publish()
+    for path in paths:
+        print(path)
     info = result.extend or {}
-    print(out)
     print(f"extend: {info.get('source_frames')} + {info.get('added_frames')} = {info.get('total_frames')} frames in "
           f"{len(info.get('windows', []))} windows, {info.get('width')}x{info.get('height')}; timings "
           + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()), file=sys.stderr)

@@ -50,37 +50,33 @@ def build_request(args):
 
 
 def generate(args, model_dir: str) -> int:
-    from .backend.media.save import save_new_mp4, write_mp4
+    from .backend.media.save import write_mp4
+    from .cli_outputs import CliOutputs
 
-    refuse_existing(args.out, args.save_latents)
     if args.no_decode and not args.save_latents:
         raise ValueError("--no-decode produces only latents: add --save-latents FILE.safetensors.")
+    outputs = CliOutputs()  # every output checked now, written to temporaries, published together at the end
+    latents = outputs.add(args.save_latents) if args.save_latents else None
+    video = None
+    if not args.no_decode:
+        video = outputs.add(args.out) if args.out else outputs.add_numbered("output", "h3", ".mp4")
     request = build_request(args)
     request.validate()
     result = run_on_engine(args, model_dir, request, "denoise")
     if result is None:
         return 130
-    if args.save_latents:
-        _save_latents(args.save_latents, result)
-        print(args.save_latents)
-    if result.frames is not None:
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            path = write_mp4(os.path.abspath(args.out), result.frames, result.fps, result.audio, result.sample_rate)
-        else:
-            path = save_new_mp4(os.path.abspath("output"), "h3", result.frames, result.fps, result.audio,
-                            result.sample_rate)
+    with outputs:
+        if latents:
+            outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
+        if video:
+            outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio,
+                                                       result.sample_rate, reserved=True))
+        paths = outputs.publish()
+    for path in paths:
         print(path)
     print(f"task {result.task}; timings " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()),
           file=sys.stderr)
     return 0
-
-
-def refuse_existing(*paths) -> None:
-    """Outputs are never overwritten: fail before any work when one of `paths` (None: not asked for) exists."""
-    for path in paths:
-        if path and os.path.exists(path):
-            raise FileExistsError(f"{path} exists; choose another name (outputs are never overwritten).")
 
 
 def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
@@ -114,13 +110,9 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
         engine.shutdown()
 
 
-def _save_latents(path: str, result) -> None:
+def save_latents_file(path: str, result) -> None:
+    """The result's latents as safetensors at `path` (a temporary of CliOutputs: published with the other outputs)."""
     from safetensors.torch import save_file
 
-    tmp = f"{path}.partial"
-    save_file({"video": result.video_latents.contiguous(), "audio": result.audio_latents.contiguous()}, tmp,
+    save_file({"video": result.video_latents.contiguous(), "audio": result.audio_latents.contiguous()}, path,
               metadata={"task": result.task, "fps": str(result.fps)})
-    try:
-        os.link(tmp, path)  # never a half-written file under the final name, and never over an existing one
-    finally:
-        os.unlink(tmp)

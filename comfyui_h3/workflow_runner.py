@@ -1,9 +1,11 @@
 """Run an API-format workflow of this pack's nodes without ComfyUI (`python -m comfyui_h3 run`).
 
-API format: {node_id: {"class_type": str, "inputs": {name: literal | [source_node_id, output_index]}}}. Nodes run
-once each, in dependency order, exactly as ComfyUI would call them (FUNCTION with the declared inputs, hidden
-inputs filled in, VALIDATE_INPUTS checked first). Only the pack's nodes are available here; a workflow that uses
-core nodes runs in ComfyUI (`--server`).
+API format: {node_id: {"class_type": str, "inputs": {name: literal | [source_node_id, output_index]}}}. The whole
+workflow is checked first exactly as ComfyUI checks a queued prompt (workflow_validation.py: types, ranges, choices,
+links, VALIDATE_INPUTS), so nothing runs (no model loads) when an input is wrong; then the output nodes and what they
+need run once each, in dependency order, as ComfyUI calls them (FUNCTION with the declared inputs, converted to their
+types, hidden inputs filled in). Only the pack's nodes are available here; a workflow that uses core nodes runs in
+ComfyUI (`--server`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from .workflow_validation import WorkflowError, check_override, declared_inputs, is_link, validate_workflow
 
-class WorkflowError(ValueError):
-    pass
+__all__ = ["WorkflowError", "apply_overrides", "execute", "load_workflow"]
 
 
 def load_workflow(path: str | Path) -> dict:
@@ -39,8 +41,9 @@ def _parse_value(text: str):
         return text
 
 
-def apply_overrides(prompt: dict, assignments: list[str]) -> dict:
-    """`NODE_ID.INPUT=VALUE` (VALUE parsed as JSON when it is JSON, else kept as a string)."""
+def apply_overrides(prompt: dict, assignments: list[str], node_classes: dict | None = None) -> dict:
+    """`NODE_ID.INPUT=VALUE` (VALUE parsed as JSON when it is JSON, else kept as a string). With `node_classes`, the
+    input must be one the node declares (values are checked with the whole workflow, by validate_workflow)."""
     prompt = copy.deepcopy(prompt)
     for item in assignments or []:
         target, sep, value = item.partition("=")
@@ -49,15 +52,14 @@ def apply_overrides(prompt: dict, assignments: list[str]) -> dict:
             raise WorkflowError(f"--set wants NODE_ID.INPUT=VALUE, got {item!r}.")
         if node_id not in prompt:
             raise WorkflowError(f"--set {item!r}: no node {node_id!r} in the workflow (nodes: {', '.join(prompt)}).")
+        if node_classes is not None:
+            check_override(prompt, node_id, name, node_classes)
         prompt[node_id].setdefault("inputs", {})[name] = _parse_value(value)
     return prompt
 
 
-def _is_link(value) -> bool:
-    return isinstance(value, list) and len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int)
-
-
-def _order(prompt: dict) -> list[str]:
+def _order(prompt: dict, roots: list[str]) -> list[str]:
+    """The nodes `roots` need, each after its inputs."""
     order, state = [], {}
 
     def visit(node_id: str, trail: tuple):
@@ -68,67 +70,45 @@ def _order(prompt: dict) -> list[str]:
         if node_id not in prompt:
             raise WorkflowError(f"A link points to node {node_id!r}, which the workflow does not have.")
         for value in prompt[node_id].get("inputs", {}).values():
-            if _is_link(value):
+            if is_link(value):
                 visit(value[0], trail + (node_id,))
         state[node_id] = "done"
         order.append(node_id)
 
-    for node_id in prompt:
+    for node_id in roots:
         visit(node_id, ())
     return order
 
 
 def execute(prompt: dict, node_classes: dict | None = None,
             on_node: Callable[[str, str], None] | None = None) -> dict[str, dict]:
-    """Run the workflow; returns {node_id: ui dict} for output nodes."""
+    """Check the workflow (WorkflowError before anything runs), then run its output nodes and what they need;
+    returns {node_id: ui dict} for output nodes."""
     if node_classes is None:
         from .registration import NODE_CLASS_MAPPINGS as node_classes
-    unknown = {v["class_type"] for v in prompt.values()} - set(node_classes)
-    if unknown:
-        raise WorkflowError(f"Not nodes of this pack: {', '.join(sorted(unknown))}. Run this workflow in ComfyUI "
-                            "(python -m comfyui_h3 run WORKFLOW --server URL).")
+    original = prompt
+    prompt, outputs = validate_workflow(prompt, node_classes)
     results: dict[str, tuple] = {}
-    outputs: dict[str, dict] = {}
-    for node_id in _order(prompt):
+    ui_outputs: dict[str, dict] = {}
+    for node_id in _order(prompt, outputs):
         spec = prompt[node_id]
         cls = node_classes[spec["class_type"]]
-        declared = cls.INPUT_TYPES()
+        declared = declared_inputs(cls)
         kwargs = {}
         for name, value in spec.get("inputs", {}).items():
-            if _is_link(value):
-                source, index = value
-                kwargs[name] = results[source][index]
-            else:
-                kwargs[name] = value
-        missing = [n for n in declared.get("required", {}) if n not in kwargs]
-        if missing:
-            raise WorkflowError(f"Node {node_id} ({spec['class_type']}) is missing required inputs: {missing}.")
-        if hasattr(cls, "VALIDATE_INPUTS"):
-            literal = {k: v for k, v in spec.get("inputs", {}).items() if not _is_link(v)}
-            verdict = cls.VALIDATE_INPUTS(**literal) if _accepts_any(cls.VALIDATE_INPUTS) else cls.VALIDATE_INPUTS(
-                **{k: literal.get(k) for k in _params(cls.VALIDATE_INPUTS)})
-            if verdict is not True:
-                raise WorkflowError(f"Node {node_id} ({spec['class_type']}): {verdict}")
-        for name, kind in declared.get("hidden", {}).items():
-            kwargs[name] = {"UNIQUE_ID": node_id, "PROMPT": prompt, "EXTRA_PNGINFO": None}.get(kind)
+            if name not in declared:
+                continue  # ComfyUI drops inputs a node does not declare
+            kwargs[name] = results[value[0]][value[1]] if is_link(value) else value
+        for name, kind in cls.INPUT_TYPES().get("hidden", {}).items():
+            kwargs[name] = {"UNIQUE_ID": node_id, "PROMPT": original, "EXTRA_PNGINFO": None}.get(kind)
         if on_node is not None:
             on_node(node_id, spec["class_type"])
         value = getattr(cls(), cls.FUNCTION)(**kwargs)
         if isinstance(value, dict):
-            outputs[node_id] = value.get("ui", {})
+            if getattr(cls, "OUTPUT_NODE", False):
+                ui_outputs[node_id] = value.get("ui", {})
             value = tuple(value.get("result", ()))
+        elif getattr(cls, "OUTPUT_NODE", False):
+            ui_outputs[node_id] = {}
         results[node_id] = value
-    return outputs
-
-
-def _params(fn) -> list[str]:
-    import inspect
-
-    return [p.name for p in inspect.signature(fn).parameters.values()
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-
-
-def _accepts_any(fn) -> bool:
-    import inspect
-
-    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values())
+    return ui_outputs

@@ -13,7 +13,8 @@ import math
 import os
 
 from .. import comfy_services as services
-from ..backend.media.encode import AAC_SAMPLE_RATES, CODECS, as_fraction, available_codecs, next_free_path
+from ..backend.media.encode import (AAC_SAMPLE_RATES, CODECS, as_fraction, available_codecs, check_encoder_options,
+                                    next_free_path, release_placeholder)
 from ..backend.media.save import ENCODING_TAG, copy_mp4, encoding_tag
 from ..backend.media.stream_writer import StreamingVideoSaver
 from ..video_types import as_h3_video
@@ -71,6 +72,7 @@ class H3SaveVideo:
             raise ValueError("H3 Save Video got both video and images: connect one of them.")
         if codec not in CODECS:
             raise ValueError(f"Unknown codec {codec!r}; this build offers {available_codecs()}.")
+        check_encoder_options(codec, crf, preset)  # before any output name is reserved
         override = audio_to_waveform(audio)
         out_dir = services.output_directory()
         metadata = _metadata(prompt, extra_pnginfo)
@@ -138,9 +140,14 @@ def save_streamed(out_dir, prefix, frames, fps, wave=None, rate=None, crf=18, pr
         keep = math.ceil(int(frames.shape[0]) * int(rate) / as_fraction(fps))
         wave = wave[:2, :keep]
         stream_rate = int(rate) if int(rate) in AAC_SAMPLE_RATES else 48000
+    check_encoder_options(codec, crf, preset)  # a bad option must not cost a reserved name
     path = next_free_path(out_dir, prefix, CODECS[codec].ext)  # reserved with O_EXCL: concurrent saves never collide
-    saver = StreamingVideoSaver(path, width, height, fps, reserved=True, codec=codec, crf=crf, preset=preset,
-                                audio_sample_rate=stream_rate, metadata=metadata)
+    try:
+        saver = StreamingVideoSaver(path, width, height, fps, reserved=True, codec=codec, crf=crf, preset=preset,
+                                    audio_sample_rate=stream_rate, metadata=metadata)
+    except BaseException:
+        release_placeholder(path)  # the writer gives it back too; this covers a failure before it took it over
+        raise
     with saver:
         for chunk in (frames.chunks if isinstance(frames, FrameChunks) else [frames]):
             saver.write(chunk)

@@ -92,6 +92,19 @@ def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
     assert bad.returncode == 2 and "no node '9'" in bad.stderr
 
 
+@pytest.mark.parametrize("sets,message", [
+    (["3.preset=bogus"], "preset: 'bogus' is not one of"),
+    (["3.crf=99"], "crf: 99 is bigger than the maximum 51"),
+])
+def test_run_refuses_what_comfyui_refuses_before_running(tmp_path, tiny_h3_dir, sets, message):
+    wf = os.path.join(REPO, "workflows", "h3_text_to_video.api.json")
+    args = [item for s in sets for item in ("--set", s)]
+    out = cli("run", wf, *args, "--out-dir", tmp_path / "out", cwd=tmp_path, cache=tiny_h3_dir.parent, timeout=120)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists() or not any(files for _, _, files in os.walk(tmp_path / "out"))
+
+
 def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     out = cli("demo", "--steps", 2, "--out-dir", tmp_path / "demo", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr

@@ -59,3 +59,48 @@ def test_good_route_parameters_are_served(comfy, clip):
     assert status == 200 and info["frame_count"] == 480 and info["fps"] == 240.0, info
     status, _ = comfy.request(f"/h3/video_frame?video={clip}&force_rate=240&frame=479&max_size=32")
     assert status == 200
+
+
+def _wait_running(comfy, prompt_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        queue = comfy.request("/queue")[1]
+        if any(item[1] == prompt_id for item in queue.get("queue_running", [])):
+            return
+        assert time.monotonic() < deadline, comfy.why(f"prompt {prompt_id} did not start within {timeout} s")
+        time.sleep(0.1)
+
+
+def test_stop_during_a_long_grow_returns_within_two_seconds(comfy, clip):
+    # 48 frames held on a 240-fps grid: 480 frames of 512x512, grown by 256 px (tens of seconds on a CPU).
+    state = ('{"version": 1, "width": 512, "height": 512, "keyframes": [{"frame": 0, "shapes": '
+             '[{"id": "r", "type": "rect", "x": 200, "y": 200, "w": 60, "h": 40}]}]}')
+    prompt = {
+        "1": {"class_type": "H3_LoadVideo", "inputs": {
+            "video": clip, "force_rate": 240.0, "skip_first_frames": 0, "frame_load_cap": 0, "select_every_nth": 1,
+            "max_seconds": 0.0, "resize": "target size", "fit": "crop", "width": 512, "height": 512,
+            "audio_sample_rate": "keep"}},
+        "2": {"class_type": "H3_MaskDraw", "inputs": {
+            "video": ["1", 0], "mask_state": state, "grow": 256, "feather": 0, "invert": False}},
+        "3": {"class_type": "H3_MaskPreview", "inputs": {
+            "video": ["1", 0], "mask": ["2", 0], "color": "red", "opacity": 0.5}},
+    }
+    status, body = comfy.request("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 200, comfy.why(str(body))
+    prompt_id = body["prompt_id"]
+    _wait_running(comfy, prompt_id)
+    time.sleep(4.0)  # planning and rasterising take ~1-2 s; the grow runs well past this
+    stopped = time.monotonic()
+    assert comfy.request("/interrupt", {})[0] == 200
+    entry = comfy.wait_for_prompt(prompt_id, timeout=30)
+    elapsed = time.monotonic() - stopped
+    messages = dict(entry["status"]["messages"])
+    assert "execution_interrupted" in messages, comfy.why(str(entry["status"]))
+    assert messages["execution_interrupted"]["node_id"] == "2", messages  # stopped inside Mask Draw
+    assert elapsed < 2.0, f"Stop took {elapsed:.2f} s to end the prompt"
+    # the server runs the next prompt normally
+    prompt["2"]["inputs"]["grow"] = 3
+    prompt["1"]["inputs"].update(force_rate=24.0, width=64, height=64)
+    status, body = comfy.request("/prompt", {"prompt": prompt})
+    assert status == 200, body
+    assert comfy.wait_for_prompt(body["prompt_id"])["status"]["status_str"] == "success"

@@ -90,6 +90,23 @@ def as_fraction(rate: Fraction | float | int | str) -> Fraction:
     return value
 
 
+def check_encoder_options(codec: str = "h264", crf: float = 18, preset: str = "veryfast") -> None:
+    """ValueError naming the bad value when `codec`, `crf` or `preset` cannot be encoded. Callers run this before they
+    reserve an output name, so a bad option never leaves a placeholder behind."""
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {sorted(CODECS)}, got {codec!r}")
+    if CODECS[codec].encoder not in av.codecs_available:
+        raise ValueError(f"this PyAV build has no {CODECS[codec].encoder} encoder; available: {available_codecs()}")
+    if preset not in X264_PRESETS:
+        raise ValueError(f"preset must be one of {X264_PRESETS}, got {preset!r}")
+    try:
+        crf_ok = 0 <= float(crf) <= 51  # NaN compares False: refused too
+    except (TypeError, ValueError):
+        crf_ok = False
+    if not crf_ok:
+        raise ValueError(f"crf must be a number in 0..51 (0 = lossless luma, 18 ~ visually lossless), got {crf!r}")
+
+
 def _exists_error(path: str, hint: str = "") -> FileExistsError:
     return FileExistsError(errno.EEXIST, f"refusing to overwrite an existing file{hint}", path)
 
@@ -227,11 +244,23 @@ class Mp4Writer:
         reserved: bool = False,
         codec: str = "h264",
     ):
+        self._reserved = bool(reserved)
+        self._file_object = not isinstance(path, (str, os.PathLike))
+        self.path: str | BinaryIO = path if self._file_object else os.path.abspath(os.fspath(path))
+        self.temp_path: str | None = None
+        self._container = None
+        self.closed = False
+        try:  # a writer that cannot start gives its reserved placeholder back, whatever the reason
+            self._setup(width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
+                        audio_bitrate, codec)
+        except BaseException:
+            self._abort()
+            raise
+
+    def _setup(self, width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
+               audio_bitrate, codec) -> None:
         width, height = int(width), int(height)
-        if codec not in CODECS:
-            raise ValueError(f"codec must be one of {sorted(CODECS)}, got {codec!r}")
-        if CODECS[codec].encoder not in av.codecs_available:
-            raise ValueError(f"this PyAV build has no {CODECS[codec].encoder} encoder; available: {available_codecs()}")
+        check_encoder_options(codec, crf, preset)
         self.codec = CODECS[codec]
         if not self.codec.yuv:
             odd_size = "keep"
@@ -250,10 +279,6 @@ class Mp4Writer:
             )
         if audio_channels not in _LAYOUTS:
             raise ValueError(f"audio_channels must be 1 or 2, got {audio_channels}")
-        if preset not in X264_PRESETS:
-            raise ValueError(f"preset must be one of {X264_PRESETS}, got {preset!r}")
-        if not 0 <= float(crf) <= 51:
-            raise ValueError(f"crf must be in 0..51 (0 = lossless luma, 18 ~ visually lossless), got {crf}")
 
         self.width, self.height = width, height
         self.odd_size = odd_size
@@ -264,22 +289,11 @@ class Mp4Writer:
         self.audio_channels = audio_channels
         self.frames_written = 0
         self.audio_samples_written = 0
-        self.closed = False
-
-        self._reserved = bool(reserved)
-        self._file_object = not isinstance(path, (str, os.PathLike))
         self._movflags = self.codec.container in ("mp4", "mov")
-        self.path: str | BinaryIO = path if self._file_object else os.path.abspath(os.fspath(path))
-        self.temp_path: str | None = None
-        self._container = None
         self._audio_stream = None
         self._resamplers: dict[int, av.AudioResampler] = {}
         self._reformatter = VideoReformatter()
-        try:
-            self._open(metadata, crf, preset, audio_bitrate)
-        except BaseException:
-            self._abort()
-            raise
+        self._open(metadata, crf, preset, audio_bitrate)
 
     # -- setup ---------------------------------------------------------------------------------------------------------
     def _open(self, metadata, crf, preset, audio_bitrate) -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -262,43 +262,131 @@ def paint_over(state: Any, base: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _dilate(masks: torch.Tensor, radius: int) -> torch.Tensor:
-    frames, height, width = masks.shape
-    padded = F.pad(masks, (0, 0, radius, radius))  # zero rows above / below
-    out = torch.zeros_like(masks)
-    for dy in range(-radius, radius + 1):
-        half = math.isqrt(radius * radius - dy * dy)
-        band = padded[:, radius + dy: radius + dy + height]
-        if half:
-            band = F.max_pool1d(F.pad(band.reshape(-1, 1, width), (half, half)), 2 * half + 1, stride=1)
-            band = band.reshape(frames, height, width)
-        out = torch.maximum(out, band)
+# -- grow / feather -----------------------------------------------------------------------------------------------
+# The definition is the module docstring's (grow: grayscale dilation / erosion by the Euclidean disk dx^2 + dy^2 <= g^2,
+# outside the frame 0 for the dilation; feather: three box blurs); these functions are its one implementation (the
+# editor's preview in js/mask_logic.js mirrors it with direct loops).
+# Method: the disk is a stack of horizontal chords, row dy spanning |dx| <= h(dy) = isqrt(g^2 - dy^2). The maximum
+# over any chord comes in two lookups from a sparse table of row maxima over power-of-two windows (log2(2g + 1)
+# passes), so a dilation costs O(g) whole-tensor passes instead of O(g^2); chords and rows past the frame's size are
+# cut (they only see the zero outside). A binary mask (the drawn case) runs in uint8: the same maxima, a quarter of
+# the memory traffic. The box blur is a running sum (float64 prefix sums: O(1) per pixel at any width). Frames go in
+# chunks: bounded memory, and `check` runs between chunks and chords so Stop reaches a long grow; on the GPU when the
+# masks live there or, with device="auto", when one is available.
+
+_CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 24}  # pixels per chunk (the sparse table holds ~log2(2g+1) copies)
+
+
+def _floor_log2(n: int) -> int:
+    return n.bit_length() - 1
+
+
+def _dilate_chunk(x: torch.Tensor, radius: int, check) -> torch.Tensor:
+    """Grayscale dilation of [f, H, W] by the disk of `radius` (module definition), same dtype."""
+    frames, height, width = x.shape
+    rows = min(radius, height - 1)  # |dy| past the frame only sees the zero outside
+    halves = [min(math.isqrt(radius * radius - dy * dy), width - 1) for dy in range(rows + 1)]
+    pad = halves[0]
+    table = [F.pad(x, (pad, pad))]  # table[k][..., c] = max of padded columns c .. c + 2^k - 1
+    for k in range(1, _floor_log2(2 * pad + 1) + 1):
+        prev, step = table[-1], 1 << (k - 1)
+        table.append(torch.maximum(prev[..., :-step], prev[..., step:]))
+    out = None
+    chord, chord_half = None, None
+    for dy, half in enumerate(halves):
+        if check is not None:
+            check()
+        if half != chord_half:  # max over columns j - half .. j + half, as the max of two 2^k windows
+            k = _floor_log2(2 * half + 1)
+            level = table[k]
+            first = pad - half
+            second = pad + half - (1 << k) + 1
+            chord = torch.maximum(level[..., first:first + width], level[..., second:second + width])
+            chord_half = half
+        if dy == 0:
+            out = chord.clone()
+            continue
+        upper, lower = out[:, :height - dy], out[:, dy:]
+        torch.maximum(upper, chord[:, dy:], out=upper)  # row i sees row i + dy
+        torch.maximum(lower, chord[:, :height - dy], out=lower)  # and row i - dy
     return out
 
 
-def _box(masks: torch.Tensor, radius: int, dim: int) -> torch.Tensor:
-    moved = masks.movedim(dim, -1)
-    shape = moved.shape
-    flat = moved.reshape(-1, 1, shape[-1])
-    flat = F.avg_pool1d(F.pad(flat, (radius, radius), mode="replicate"), 2 * radius + 1, stride=1)
-    return flat.reshape(shape).movedim(-1, dim)
+def _box_blur_chunk(x: torch.Tensor, radius: int, dim: int) -> torch.Tensor:
+    """Mean over the 2 * radius + 1 neighbours along `dim`, edges replicated (float32; sums in float64, exact enough
+    at any length)."""
+    n = x.shape[dim]
+    index = torch.arange(-radius, n + radius, device=x.device).clamp_(0, n - 1)
+    sums = x.index_select(dim, index).cumsum(dim, dtype=torch.float64)
+    width = 2 * radius + 1
+    window = sums.narrow(dim, width - 1, n).clone()  # sum of padded[0 .. j + width - 1]
+    window.narrow(dim, 1, n - 1).sub_(sums.narrow(dim, 0, n - 1))  # minus padded[0 .. j - 1]
+    return window.div_(width).to(torch.float32)
 
 
-def grow_feather_invert(masks: torch.Tensor, grow: int = 0, feather: int = 0, invert: bool = False) -> torch.Tensor:
-    """Grow (dilate / erode by a disk), feather (3 box-blur passes) and invert, per the module rules."""
-    masks = masks.to(torch.float32)
-    grow = int(grow)
+def _grow_chunk(x: torch.Tensor, grow: int, check) -> torch.Tensor:
+    if grow == 0:
+        return x.to(torch.float32)
+    binary = bool(((x == 0) | (x == 1)).all())
+    work = x.to(torch.uint8) if binary else x.to(torch.float32)
     if grow > 0:
-        masks = _dilate(masks, grow)
-    elif grow < 0:
-        masks = 1.0 - _dilate(1.0 - masks, -grow)
-    if int(feather) > 0:
-        radius = math.ceil(int(feather) / 3)
-        for _ in range(3):
-            masks = _box(_box(masks, radius, 2), radius, 1)
+        return _dilate_chunk(work, grow, check).to(torch.float32)
+    return (1 - _dilate_chunk(1 - work, -grow, check)).to(torch.float32)
+
+
+def _feather_chunk(x: torch.Tensor, feather: int, check) -> torch.Tensor:
+    if feather <= 0:
+        return x
+    radius = math.ceil(feather / 3)
+    for _ in range(3):
+        if check is not None:
+            check()
+        x = _box_blur_chunk(_box_blur_chunk(x, radius, 2), radius, 1)
+    return x
+
+
+def _compute_device(masks: torch.Tensor, device) -> torch.device:
+    if device == "auto":
+        if masks.device.type != "cpu":
+            return masks.device
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return masks.device if device is None else torch.device(device)
+
+
+def grow_feather_invert(masks: torch.Tensor, grow: int = 0, feather: int = 0, invert: bool = False, *,
+                        check: Callable[[], None] | None = None, device: Any = None) -> torch.Tensor:
+    """[T, H, W] -> float32 [T, H, W] grown (dilated / eroded by a Euclidean disk), feathered (3 box-blur passes) and
+    inverted, per the module rules (definition and method: the comment above). `check()` is called between chunks of
+    frames and between chords; raise from it to stop. device: where to compute (None: where `masks` are; "auto":
+    there, or CUDA when the masks are on the CPU and CUDA is available, falling back to the CPU when it runs out of
+    memory). The result is on `masks`' device."""
+    grow, feather = int(grow), int(feather)
+    if masks.ndim != 3:
+        raise ValueError(f"masks must be [frames, height, width], got {tuple(masks.shape)}")
+    frames, height, width = masks.shape
+    if (grow == 0 and feather <= 0) or masks.numel() == 0:
+        out = masks.to(torch.float32)
+        return (1.0 - out if invert else out).clamp(0, 1).contiguous()
+    compute = _compute_device(masks, device)
+    out = torch.empty(masks.shape, dtype=torch.float32, device=masks.device)
+    start = 0
+    while start < frames:
+        if check is not None:
+            check()
+        per_chunk = max(1, _CHUNK_ELEMENTS.get(compute.type, _CHUNK_ELEMENTS["cpu"]) // (height * width))
+        part = masks[start:start + per_chunk]
+        try:
+            done = _feather_chunk(_grow_chunk(part.to(compute), grow, check), feather, check)
+        except torch.cuda.OutOfMemoryError:
+            if device != "auto" or compute.type == "cpu":
+                raise
+            compute = torch.device("cpu")  # the GPU is busy (a model on it): finish on the CPU
+            continue
+        out[start:start + part.shape[0]] = done.to(out.device)
+        start += part.shape[0]
     if invert:
-        masks = 1.0 - masks
-    return masks.clamp(0, 1).contiguous()
+        out = 1.0 - out
+    return out.clamp_(0, 1)
 
 
 def render_state(state: Any, frame_count: int, height: int, width: int, grow: int | None = None,

@@ -192,3 +192,10 @@ class H3ExtendRequest:
             raise RequestError(f"Frames to add must be a positive multiple of {CLIP}, got {self.added_frames}.")
         check_window_settings(self.window_frames, self.overlap_frames)
         check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
+        if self.output_path is not None:
+            from ...media.encode import check_encoder_options
+
+            try:  # before any worker starts writing the reserved file
+                check_encoder_options("h264", self.crf, self.preset)
+            except ValueError as exc:
+                raise RequestError(f"Output encoding: {exc}.") from None
