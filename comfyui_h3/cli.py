@@ -220,28 +220,10 @@ def _demo(args) -> int:
 
 
 def _write_demo_inputs(folder: str) -> None:
-    """Inputs the shipped workflows name: two keyframes (a gradient and its mirror) for first/last-frame, and a
-    5.4-s source clip (a square crossing a grey floor, with a tone) for the editing workflows."""
-    import numpy as np
-    from PIL import Image
+    """The inputs the shipped workflows name (the pack's sample inputs), copied in where missing."""
+    from .install_samples import install_sample_inputs
 
-    os.makedirs(folder, exist_ok=True)
-    y, x = np.mgrid[0:192, 0:336]
-    base = np.stack([x * 255 // 335, y * 255 // 191, (x + y) * 255 // 526], axis=-1).astype(np.uint8)
-    for name, pixels in (("h3_demo_first.png", base), ("h3_demo_last.png", base[:, ::-1, ::-1])):
-        path = os.path.join(folder, name)
-        if not os.path.exists(path):
-            Image.fromarray(np.ascontiguousarray(pixels)).save(path)
-    source = os.path.join(folder, "h3_demo_source.mp4")
-    if not os.path.exists(source):
-        from .backend.media.save import write_mp4
-
-        frames = np.full((130, 96, 192, 3), 110, np.uint8)
-        for t in range(130):  # a 32-px square moving left to right, inside the workflows' mask boxes
-            left = 12 + t * 136 // 129
-            frames[t, 32:64, left:left + 32] = (220, 40, 40)
-        tone = np.sin(2 * np.pi * 220 * np.arange(int(130 / 24 * 32000)) / 32000).astype(np.float32) * 0.2
-        write_mp4(source, frames, 24, np.stack([tone, tone]), 32000)
+    install_sample_inputs(folder)
 
 
 def workflows_dir() -> Path:

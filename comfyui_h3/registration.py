@@ -12,6 +12,8 @@ from .nodes.mask_draw import H3MaskDraw
 from .nodes.mask_preview import H3MaskPreview
 from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
+from . import comfy_services as services
+from .install_samples import install_sample_inputs
 from .routes import register_routes
 
 NODE_CLASS_MAPPINGS = {
@@ -42,3 +44,6 @@ WEB_DIRECTORY = "./js"
 
 # The mask editor's frame routes, on ComfyUI's server when one is running in this process (nothing elsewhere).
 register_routes()
+# The shipped workflows' sample inputs into ComfyUI's input folder (a file a user has there is never replaced).
+if services.comfy_available():
+    install_sample_inputs(services.input_directory())

@@ -8,6 +8,7 @@
 //     onChange: (json) => {},      // the serialised state, after every finished edit
 //     onSettings: ({grow, feather, invert}) => {},
 //     limits: {grow: {min, max}, feather: {min, max}},  // the node widgets' ranges: typed values are clamped to them
+//     onResize: () => {},          // the editor's content height changed (a status line shown or hidden)
 //   });
 
 import {
@@ -80,7 +81,9 @@ export class MaskEditor {
     this.scrubber = el("input", { type: "range", min: "0", max: "0", value: "0", style: "width:100%", title: "Frame", "data-role": "scrubber",
       oninput: (e) => this.setFrame(Number(e.target.value)) });
     this.label = el("div", { style: "font:11px sans-serif;color:#aaa" });
-    this.root.append(bar, settings, this.canvas, this.scrubber, this.label);
+    // Why there is no frame under the drawing (set by the host, or a frame that failed to load); hidden when empty.
+    this.status = el("div", { "data-role": "status", style: "font:12px sans-serif;color:#fc6;display:none;white-space:normal" });
+    this.root.append(bar, settings, this.status, this.canvas, this.scrubber, this.label);
     this.canvas.addEventListener("mousedown", (e) => this.down(e));
     this.moveHandler = (e) => this.move(e);
     this.upHandler = (e) => this.up(e);
@@ -121,6 +124,20 @@ export class MaskEditor {
       feather: clampSetting(feather ?? this.state.feather, this.limits.feather), invert: invert ?? this.state.invert };
     this.syncSettingsInputs();
     this.render();
+  }
+
+  // A line above the canvas saying why no frames show ("" hides it).
+  setStatus(text) {
+    this.hostStatus = text || "";
+    this.showStatus();
+  }
+
+  showStatus() {
+    const text = this.hostStatus || this.frameError || "";
+    if (text === this.status.textContent) return;
+    this.status.textContent = text;
+    this.status.style.display = text ? "" : "none";
+    this.options.onResize?.();  // the rows' height changed: the host may need to grow its node
   }
 
   setTool(name) {
@@ -170,11 +187,17 @@ export class MaskEditor {
 
   loadFrame() {
     const url = this.options.frameUrl ? this.options.frameUrl(this.frame) : null;
-    if (!url) { this.image = null; this.render(); return; }
+    if (!url) { this.image = null; this.frameError = ""; this.showStatus(); this.render(); return; }
     const wanted = this.frame;
     const img = new Image();
-    img.onload = () => { if (this.frame === wanted) { this.image = img; this.imageFrame = wanted; this.render(); } };
-    img.onerror = () => { if (this.frame === wanted) { this.image = null; this.render(); } };
+    img.onload = () => { if (this.frame === wanted) { this.image = img; this.imageFrame = wanted; this.frameError = ""; this.showStatus(); this.render(); } };
+    img.onerror = () => {
+      if (this.frame !== wanted) return;
+      this.image = null;
+      this.frameError = `Frame ${wanted} could not be loaded from the server.`;
+      this.showStatus();
+      this.render();
+    };
     img.src = url;
     this.render();
   }

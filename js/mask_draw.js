@@ -13,17 +13,22 @@ function widget(node, name) {
   return node.widgets?.find((w) => w.name === name);
 }
 
+// The upstream H3 Load Video's options as route parameters, or why there are no frames to show.
 function upstreamLoader(node) {
   const input = node.inputs?.find((i) => i.name === "video");
   const link = input?.link != null ? node.graph?.links?.[input.link] ?? node.graph?.links?.get?.(input.link) : null;
   const origin = link ? node.graph.getNodeById(link.origin_id) : null;
-  if (!origin || origin.type !== "H3_LoadVideo") return null;
+  if (!origin) return { why: "No frames to show: connect an H3 Load Video to this node's video input." };
+  if (origin.type !== "H3_LoadVideo") {
+    return { why: `No frames to show: the editor shows the frames of an H3 Load Video, and video comes from ${origin.title || origin.type}. The drawing still applies to that video.` };
+  }
   const params = new URLSearchParams();
   for (const name of LOADER_OPTIONS) {
     const w = widget(origin, name);
     if (w && w.value !== undefined && w.value !== null && w.value !== "") params.set(name, String(w.value));
   }
-  return params.get("video") || params.get("path") ? params : null;
+  if (!params.get("video") && !params.get("path")) return { why: "No frames to show: pick a video in the H3 Load Video node." };
+  return { params };
 }
 
 app.registerExtension({
@@ -51,8 +56,15 @@ app.registerExtension({
       // The ranges come from the node definition (INPUT_TYPES), as the widgets carry them.
       const limitsOf = (w) => ({ min: Number(w?.options?.min), max: Number(w?.options?.max) });
       const limits = { grow: limitsOf(settingsWidgets[0]), feather: limitsOf(settingsWidgets[1]) };
+      // Grow the node when the editor's rows need more height than it has (e.g. a status line appeared).
+      const fitNode = () => requestAnimationFrame(() => {
+        const min = node.computeSize?.();
+        if (min && node.size[1] < min[1]) node.setSize([node.size[0], min[1]]);
+        node.setDirtyCanvas?.(true, true);
+      });
       const editor = new MaskEditor(root, {
         limits,
+        onResize: fitNode,
         state: stateWidget?.value || "",
         frameCount: 1,
         frameUrl: (n) => (source ? api.apiURL(`/h3/video_frame?${source}&frame=${n}&max_size=512`) : null),
@@ -88,17 +100,25 @@ app.registerExtension({
       });
       // Follow the upstream loader: refresh the timeline when its file or options change.
       let key = null;
+      // Why the editor shows no frames is written in the node (the status line), not only in the console.
       const poll = async () => {
-        const params = upstreamLoader(node);
-        const next = params ? params.toString() : "";
+        const { params, why } = upstreamLoader(node);
+        const next = params ? params.toString() : `none:${why}`;
         if (next === key) return;
         key = next;
-        source = next || null;
-        if (!source) { editor.setVideo({ frameCount: 1 }); return; }
+        source = params ? next : null;
+        if (!source) { editor.setVideo({ frameCount: 1 }); editor.setStatus(why); return; }
         try {
           const info = await (await api.fetchApi(`/h3/video_info?${source}`)).json();
           if (key !== next) return;
-          if (info.error) { console.warn("H3 Mask Draw:", info.error); editor.setVideo({ frameCount: 1 }); return; }
+          if (info.error) {
+            console.warn("H3 Mask Draw:", info.error);
+            source = null;
+            editor.setVideo({ frameCount: 1 });
+            editor.setStatus(`No frames to show: ${info.error}`);
+            return;
+          }
+          editor.setStatus("");
           // Only an adopted size is written back: re-serialising an unchanged state would rewrite a loaded workflow's
           // mask_state (and mark it modified) for nothing.
           if (editor.setVideo({ width: info.width, height: info.height, frameCount: info.frame_count }) && stateWidget) {
@@ -106,6 +126,7 @@ app.registerExtension({
           }
         } catch (err) {
           console.warn("H3 Mask Draw: no frame info", err);
+          if (key === next) editor.setStatus(`No frames to show: the server did not answer (${err?.message || err}).`);
         }
       };
       const timer = setInterval(poll, 1000);

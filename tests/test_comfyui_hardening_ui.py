@@ -1,16 +1,29 @@
 """What a ComfyUI user meets first, in a real ComfyUI (the integration lane: tests/comfyui_lane.py; skipped without
-COMFYUI_DIR): out-of-range widget values are refused at queue time, never run."""
+COMFYUI_DIR): the shipped workflows' sample inputs are in a fresh input folder; out-of-range widget values are refused
+at queue time, never run."""
 
 from __future__ import annotations
 
 import copy
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, WORKFLOWS
+from headless import NEEDS_BROWSER, run_script
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
+
+
+def test_sample_inputs_appear_in_a_fresh_input_folder(comfy):
+    from comfyui_h3.install_samples import SAMPLE_DIR, SAMPLE_FILES
+
+    for name in SAMPLE_FILES:  # the fixture's input folder starts empty: the pack copied them when it loaded
+        path = comfy.input_dir / name
+        assert path.is_file(), comfy.why(f"{name} is not in ComfyUI's input folder {comfy.input_dir}")
+        assert path.read_bytes() == (Path(SAMPLE_DIR) / name).read_bytes(), name
+        assert f"copied the sample input {name}" in comfy.log(200000), comfy.why("no log line for the copy")
 
 
 def _queue(comfy, prompt: dict):
@@ -39,3 +52,40 @@ def test_out_of_range_mask_draw_values_get_a_400(comfy, name, value, error):
     assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [(error, name)], errors
     status, queue = comfy.request("/queue")
     assert status == 200 and not queue["queue_running"] and not queue["queue_pending"]
+
+
+def needs_browser(test):
+    for mark in NEEDS_BROWSER:
+        test = mark(test)
+    return test
+
+
+def _browser(comfy, tmp_path, checks: dict) -> dict:
+    """Run tests/js/comfyui_hardening_check.mjs with these checks ({name: config}) against `comfy`; what it saw."""
+    # A returning user: no first-run template browser over the canvas.
+    settings = comfy.root / "user" / "default" / "comfy.settings.json"
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_text(json.dumps({"Comfy.TutorialCompleted": True}))
+    screenshot = tmp_path / "failure.png"
+    config = {"url": comfy.url, "checks": list(checks), "screenshot": str(screenshot), **checks}
+    run = run_script("comfyui_hardening_check.mjs", json.dumps(config), timeout=300)
+    try:
+        result = json.loads(run.stdout)
+    except ValueError:
+        pytest.fail(comfy.why(f"no JSON from the browser script (exit {run.returncode}):\n{run.stderr[-3000:]}"))
+    assert run.returncode == 0 and "error" not in result, comfy.why(
+        f"browser script failed (screenshot: {screenshot}):\n{result.get('error')}\n{run.stderr[-3000:]}")
+    assert not result["pageErrors"], result["pageErrors"]
+    return result
+
+
+@needs_browser
+def test_mask_draw_says_in_the_node_why_it_shows_no_frames(comfy, tmp_path):
+    seen = _browser(comfy, tmp_path, {"maskStatus": {"workflow": str(WORKFLOWS / "h3_object_removal.json")}})
+    status = seen["maskStatus"]
+    assert status["withFrames"]["frameCount"] == 130 and not status["withFrames"]["visible"], status
+    missing = status["missingFile"]
+    assert missing["visible"] and missing["text"].startswith("No frames to show:") and "no_such_clip.mp4" in missing["text"]
+    unlinked = status["unlinked"]
+    assert unlinked["visible"] and "connect an H3 Load Video" in unlinked["text"], unlinked
+    assert all(view["fits"] for view in status.values()), "the editor spills out of its node"
