@@ -341,6 +341,10 @@ def as_h3_video(video: Any) -> H3Video:
         raise TypeError(f"expected a ComfyUI VIDEO (with get_components), got {type(video).__name__}")
     components = video.get_components()
     images = components.images
+    if images.dtype != torch.uint8:
+        from .backend.pipelines.h3.finite import check_finite
+
+        check_finite(images, "video's frames")  # the uint8 conversion would turn NaN into black
     frames = images if images.dtype == torch.uint8 else video_to_uint8(images)
     audio = getattr(components, "audio", None)
     waveform = sample_rate = None

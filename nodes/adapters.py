@@ -6,13 +6,16 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..backend.pipelines.h3.finite import check_finite
 from ..backend.pipelines.h3.request import ReferenceInput
 
 
-def image_batch_to_pils(image: torch.Tensor | None) -> list[Image.Image]:
-    """IMAGE [B, H, W, C] float 0..1 -> PIL RGB images (one per batch item)."""
+def image_batch_to_pils(image: torch.Tensor | None, what: str = "image") -> list[Image.Image]:
+    """IMAGE [B, H, W, C] float 0..1 -> PIL RGB images (one per batch item). NaN / inf are refused (RequestError
+    naming `what`): the uint8 conversion would hide them."""
     if image is None:
         return []
+    check_finite(image, what)
     if image.ndim == 3:
         image = image[None]
     if image.ndim != 4 or image.shape[-1] not in (1, 3, 4):
@@ -24,7 +27,7 @@ def image_batch_to_pils(image: torch.Tensor | None) -> list[Image.Image]:
 
 
 def single_image(image: torch.Tensor | None, what: str) -> Image.Image | None:
-    pils = image_batch_to_pils(image)
+    pils = image_batch_to_pils(image, what)
     if len(pils) > 1:
         raise ValueError(f"{what} takes one image; got a batch of {len(pils)}. Pick one frame (e.g. ImageFromBatch).")
     return pils[0] if pils else None
@@ -55,7 +58,7 @@ def build_references(images: torch.Tensor | None, video, audio: dict | None) -> 
     """Reference order (it matters to the model): images in batch order, then the video, then the audio."""
     from ..video_types import video_to_frames_audio
 
-    refs = [ReferenceInput("image", image=p) for p in image_batch_to_pils(images)]
+    refs = [ReferenceInput("image", image=p) for p in image_batch_to_pils(images, "reference_images")]
     if video is not None:
         frames, rate, wave, sr = video_to_frames_audio(video)
         refs.append(ReferenceInput("video", frames=frames.cpu().numpy(), fps=float(rate), audio=wave, sample_rate=sr))

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .finite import check_finite
 from .geometry import FPS, RequestError, resolve_geometry
 
 
@@ -73,6 +74,7 @@ class H3Request:
     def validate(self) -> None:
         if not isinstance(self.prompt, str) or not self.prompt.strip():
             raise RequestError("The prompt is empty: MiniMax-H3 needs a text prompt for every task.")
+        self._check_finite()
         if self.source_frames is not None or self.mask is not None:
             self._validate_edit()
         if self.references and (self.first_frame is not None or self.last_frame is not None):
@@ -90,6 +92,16 @@ class H3Request:
 
         check_reference_counts([r.kind for r in self.references])
 
+
+    def _check_finite(self) -> None:
+        check_finite(self.mask, "mask")
+        check_finite(self.source_frames, "source video")
+        check_finite(self.source_fps, "source video's frame rate")
+        check_finite(self.source_audio, "source audio")
+        for index, ref in enumerate(self.references, 1):
+            check_finite(ref.frames, f"reference {index} ({ref.kind}) frames")
+            check_finite(ref.fps, f"reference {index} ({ref.kind}) frame rate")
+            check_finite(ref.audio, f"reference {index} ({ref.kind}) audio")
 
     def _validate_edit(self) -> None:
         from .editing import check_mask_shape, resolve_preset
@@ -167,6 +179,10 @@ class H3ExtendRequest:
             raise RequestError("Every extension window needs a prompt: give one for all windows, or one per window "
                                "(none may be empty).")
         self.prompts = prompts
+        for value, what in ((self.source_frames, "source video"), (self.source_fps, "source video's frame rate"),
+                            (self.source_audio, "source audio"), (self.source_video_latents, "source video latents"),
+                            (self.source_audio_latents, "source audio latents"), (self.driving_audio, "driving audio")):
+            check_finite(value, what)
         has_frames = self.source_frames is not None
         has_latents = self.source_video_latents is not None
         if has_frames == has_latents:
