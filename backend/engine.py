@@ -8,10 +8,12 @@ engine starts fresh on the next call.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Callable
 
 from .engine_config import EngineConfig
+from .executor.liveness import StopForced, WorkerHung
 from .executor.mp_executor import MpExecutor, WorkerDied, WorkerFailed
 from .pipelines.h3.geometry import RequestError
 
@@ -51,8 +53,8 @@ class Engine:
                 self._executor.shutdown()
             try:
                 executor = make_executor(self.config)
-            except ImportError as exc:  # an optional executor's package is missing: say what to install
-                raise EngineError(str(exc)) from None
+            except (ImportError, ValueError) as exc:  # an optional executor's package is missing: say what to
+                raise EngineError(str(exc)) from None  # install; a liveness bound in the environment is not a number
 
             def check_stop():  # Stop during a (minutes-long) model load ends the load too
                 if should_cancel is not None and should_cancel():
@@ -63,9 +65,11 @@ class Engine:
             except EngineCancelled:
                 executor.shutdown(timeout=2.0)
                 raise
+            except StopForced as exc:
+                raise EngineCancelled(str(exc)) from None
             except WorkerFailed as exc:
                 raise EngineError(exc.failure.message) from None
-            except WorkerDied as exc:
+            except (WorkerDied, WorkerHung) as exc:
                 raise EngineError(str(exc)) from None
             self._executor = executor
 
@@ -95,8 +99,13 @@ class Engine:
                 if failure.kind == "oom":
                     raise EngineOutOfMemory(failure.message) from None
                 raise EngineError(f"{failure.message}\n{failure.traceback}") from None
-            except WorkerDied as exc:
+            except StopForced as exc:  # the workers did not stop in time and were killed: still a Stop
                 self._executor = None
+                _discard_stream_temporaries(request)
+                raise EngineCancelled(str(exc)) from None
+            except (WorkerDied, WorkerHung) as exc:
+                self._executor = None
+                _discard_stream_temporaries(request)
                 raise EngineError(str(exc)) from None
 
     def shutdown(self) -> None:
@@ -104,6 +113,26 @@ class Engine:
             if self._executor is not None:
                 self._executor.shutdown()
                 self._executor = None
+
+
+def _discard_stream_temporaries(request) -> None:
+    """A worker killed while streaming a request's output file (an extension) leaves the encoder's hidden temporary
+    beside it (media.encode: `.<name>.<random>.tmp`, never published): remove it. The final name is reserved by the
+    caller, so only that worker wrote such files."""
+    path = getattr(request, "output_path", None)
+    if not path:
+        return
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for entry in names:
+        if entry.startswith(f".{name}.") and entry.endswith(".tmp"):
+            try:
+                os.unlink(os.path.join(folder, entry))
+            except OSError:
+                pass
 
 
 def make_executor(config: EngineConfig):

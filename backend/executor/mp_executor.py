@@ -1,7 +1,10 @@
 """`mp` executor: one spawned process per device (torch.multiprocessing), queues for jobs and events.
 
 The driver never blocks on device work: it waits on the event queue with a short timeout, so ComfyUI's Stop, a dead
-worker or a progress update are noticed within ~0.1 s.
+worker or a progress update are noticed within ~0.1 s. A frozen worker (SIGSTOP, a hung driver call, a deadlocked
+collective) is found by the liveness watchdog (liveness.py: heartbeats, step progress, Stop acknowledgements in
+lock-free shared memory); it and a Stop the workers do not honour in time kill the whole group, which restarts on
+next use.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 import types
 from typing import Callable, Iterator
 
+from .liveness import Bounds, Watchdog
 from .messages import Done, Failed, Job, Progress, Ready, Shutdown
 
 POLL_S = 0.1
@@ -54,6 +58,20 @@ def _spawn_environment():
                 sys.path.remove(root)
 
 
+class SharedCounters:
+    """Per-rank liveness counters and the Stop token in shared memory without locks (liveness.py): a worker frozen
+    while holding a lock must never block the driver. Each slot has one writer; int64 stores are atomic."""
+
+    def __init__(self, ctx, world: int):
+        self.beats = ctx.RawArray("q", world)
+        self.marks = ctx.RawArray("q", world)
+        self.acks = ctx.RawArray("q", world)
+        self.stop = ctx.RawValue("q", 0)
+
+    def snapshot(self) -> tuple[list, list, list]:
+        return list(self.beats), list(self.marks), list(self.acks)
+
+
 def _free_port() -> int:
     import socket
 
@@ -69,12 +87,14 @@ def _package_parent() -> str | None:
 
 
 class MpExecutor:
-    def __init__(self, config):
+    def __init__(self, config, bounds: Bounds | None = None):
         self.config = config
+        self.bounds = bounds or Bounds.from_env()  # a bad bound in the environment fails here, before any spawn
         self._procs: list = []
         self._commands: list = []
         self._events = None
-        self._cancel = None
+        self._shared: SharedCounters | None = None
+        self._watchdog: Watchdog | None = None
         self._ids = itertools.count(1)
         self.ready: list[Ready] = []
 
@@ -87,17 +107,19 @@ class MpExecutor:
 
         from .worker import worker_main
 
+        bounds = self.bounds
         ctx = tmp.get_context("spawn")
         self._events = ctx.Queue()
-        self._cancel = ctx.Event()
         n = self.config.world_size
+        self._shared = SharedCounters(ctx, n)
+        self._watchdog = Watchdog(n, bounds)
         port = _free_port() if n > 1 else 0
         with _spawn_environment():
             for rank in range(n):
                 commands = ctx.Queue()
                 proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
-                                   args=(rank, n, self.config, commands, self._events, self._cancel, os.getpid(),
-                                         port))
+                                   args=(rank, n, self.config, commands, self._events, self._shared, os.getpid(),
+                                         port, bounds.heartbeat_s))
                 proc.start()
                 self._procs.append(proc)
                 self._commands.append(commands)
@@ -118,30 +140,47 @@ class MpExecutor:
                     codes = [p.exitcode for p in self._procs]
                     self.shutdown()
                     raise WorkerDied(f"A worker process died (exit codes {codes}); the engine restarts on next use.")
+                self._watch()
                 if on_wait is not None:
                     on_wait()
+
+    def _watch(self) -> None:
+        """Kill the group and raise (WorkerHung / StopForced) when the watchdog says a rank is frozen or a Stop
+        went unanswered."""
+        self._watchdog.observe(*self._shared.snapshot())
+        verdict = self._watchdog.check()
+        if verdict is not None:
+            error, message = verdict
+            self.kill()
+            raise error(message)
 
     def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None) -> Iterator:
         """Submit one job; yield Progress events; return the result (via StopIteration value) or raise."""
         job = Job(next(self._ids), kind, request)
-        self._cancel.clear()
+        self._shared.stop.value = 0
+        self._watchdog.job_started()
         for commands in self._commands:
             commands.put(job)
 
         def check_cancel():
             if should_cancel is not None and should_cancel():
-                self._cancel.set()
+                self._shared.stop.value = job.job_id
+                self._watchdog.stop_requested(job.job_id)
 
-        while True:
-            msg = self._next_event(check_cancel)
-            if isinstance(msg, Progress) and msg.job_id == job.job_id:
-                check_cancel()
-                yield msg
-            elif isinstance(msg, Done) and msg.job_id == job.job_id:
-                return msg.result
-            elif isinstance(msg, Failed) and msg.job_id == job.job_id:
-                self._raise_if_a_rank_died(msg)
-                raise WorkerFailed(msg)
+        try:
+            while True:
+                msg = self._next_event(check_cancel)
+                if isinstance(msg, Progress) and msg.job_id == job.job_id:
+                    check_cancel()
+                    yield msg
+                elif isinstance(msg, Done) and msg.job_id == job.job_id:
+                    return msg.result
+                elif isinstance(msg, Failed) and msg.job_id == job.job_id:
+                    self._raise_if_a_rank_died(msg)
+                    raise WorkerFailed(msg)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.job_ended()
 
     def _raise_if_a_rank_died(self, failure: Failed, grace_s: float = 1.0) -> None:
         """When one rank dies its peers fail in their next collective, often before the driver's next poll: name
@@ -158,16 +197,38 @@ class MpExecutor:
             time.sleep(0.05)
 
     def cancel(self) -> None:
-        if self._cancel is not None:
-            self._cancel.set()
+        if self._shared is not None:
+            self._shared.stop.value = -1
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Ask every rank to exit, give them `timeout` seconds together, then kill what is left."""
         for commands in self._commands:
             with contextlib.suppress(Exception):
                 commands.put(Shutdown())
+        deadline = time.monotonic() + timeout
         for proc in self._procs:
-            proc.join(timeout)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2)
+            proc.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL every rank (it works on a stopped process too) with anything it started in its process group, and
+        drop the queues without waiting on a pipe no one reads."""
+        for proc in self._procs:
+            _kill_process_group(proc)
+        for proc in self._procs:
+            proc.join(5)
+        for q in [*self._commands, self._events]:
+            if q is not None:
+                with contextlib.suppress(Exception):
+                    q.cancel_join_thread()  # a Job still in a dead worker's pipe must not hang our exit
+                    q.close()
         self._procs, self._commands, self.ready = [], [], []
+        self._events = None
+
+
+def _kill_process_group(proc) -> None:
+    """SIGKILL a worker (it works on a stopped process too)."""
+    if proc.pid is None or proc.exitcode is not None:
+        return
+    with contextlib.suppress(Exception):
+        proc.kill()

@@ -72,12 +72,28 @@ def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sho
         return Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
-def worker_main(rank: int, world_size: int, engine_config, commands, events, cancel_event, parent_pid: int,
-                master_port: int = 0) -> None:
-    """The `mp` executor's process: load, report Ready (or Failed), then serve Jobs from `commands`."""
+def worker_main(rank: int, world_size: int, engine_config, commands, events, shared, parent_pid: int,
+                master_port: int = 0, heartbeat_s: float = 60.0) -> None:
+    """The `mp` executor's process: beat, load, report Ready (or Failed), then serve Jobs from `commands`.
+    `shared`: mp_executor.SharedCounters (this rank's heartbeat, step marks and Stop acknowledgement; the Stop token)."""
     import queue
 
+    from .liveness import Heartbeat
     from .messages import Failed, Job, Shutdown
+
+    def orphaned() -> bool:
+        # A host killed without running its exit hooks (SIGKILL, a container stop) must not leave a 60 GB model
+        # resident: the worker notices its parent is gone and exits (at a step boundary, or through the heartbeat
+        # thread when the main thread is stuck).
+        return os.getppid() != parent_pid
+
+    def beat() -> None:
+        shared.beats[rank] += 1
+
+    def ack(token: int) -> None:
+        shared.acks[rank] = token
+
+    Heartbeat(beat, ack, lambda: shared.stop.value, orphaned, orphan_grace_s=heartbeat_s).start()
 
     try:
         pipeline, ready = setup_rank(rank, world_size, engine_config, "127.0.0.1", master_port)
@@ -86,13 +102,9 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
         events.put(load_failure(exc))
         return
 
-    def orphaned() -> bool:
-        # A host killed without running its exit hooks (SIGKILL, a container stop) must not leave a 60 GB model
-        # resident: the worker notices its parent is gone and exits.
-        return os.getppid() != parent_pid
-
-    def should_stop() -> bool:
-        return cancel_event.is_set() or orphaned()
+    def should_stop() -> bool:  # called at every step boundary: also this rank's progress mark
+        shared.marks[rank] += 1
+        return shared.stop.value != 0 or orphaned()
 
     while True:
         try:
@@ -105,6 +117,7 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, can
             break
         if not isinstance(msg, Job):
             continue
+        shared.marks[rank] += 1
         outcome = run_job(pipeline, rank, msg, events.put, should_stop)
         if rank == 0 or isinstance(outcome, Failed):  # other ranks' results are rank 0's
             events.put(outcome)
