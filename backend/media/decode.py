@@ -17,7 +17,8 @@ before any frame is decoded (`plan_frames`), and lets the decode pass convert on
 
 Frame selection, in this order (the VideoHelperSuite convention):
 1. Grid: source frame i with presentation time t_i (seconds after the first frame) lands on slot
-   floor(t_i * rate + 1/2) and is held until the next frame's slot; the last one until its end time (pts + duration).
+   floor(t_i * rate + 1/2) and is held until the next frame's slot; the last one until the stream's declared end
+   (never a B-frame file's decode-order packet gap: `_last_frame_end`).
    For a constant-rate file t_i = i / src_rate, which is the MiniMax-H3 reference's hold resample (`hold_counts`).
    A slot that two frames both start in keeps the later frame (frames faster than the grid are dropped).
 2. skip_first_frames: drop that many (grid) frames.
@@ -194,6 +195,23 @@ def _slot(offset_ticks: int, tb: Fraction, rate: Fraction) -> int:
     return (2 * num + den) // (2 * den)
 
 
+def _last_frame_end(last: int, packet_duration: int | None, reordered: bool, declared_end: int | None,
+                    container_end: int | None, interval: int) -> int:
+    """Stream time (ticks) at which the last frame (pts `last`) stops showing.
+
+    The stream's declared end (start + duration, never past the container's end) when it lies after the frame;
+    else the frame's packet duration, but only without B-frames: with them, packet durations follow decode order
+    (an MP4's sample durations), and the last-shown frame's can be a gap between two other frames, seconds long;
+    else the typical (median) frame interval."""
+    if declared_end is not None and container_end is not None and container_end > last:
+        declared_end = min(declared_end, container_end)
+    if declared_end is not None and declared_end > last:
+        return declared_end
+    if packet_duration and not reordered:
+        return last + packet_duration
+    return last + interval
+
+
 def _check_options(frame_load_cap, skip_first_frames, select_every_nth, force_rate, max_seconds):
     if frame_load_cap < 0 or skip_first_frames < 0:
         raise ValueError(
@@ -246,6 +264,8 @@ def plan_frames(
         times: list[int] = []
         durations: dict[int, int] = {}
         t_min = None
+        reordered = stopped = False  # B-frames seen (pts out of decode order); demux stopped before the end
+        highest = 0
         try:
             for packet in container.demux(stream):
                 if packet.size == 0 or packet.is_discard:
@@ -253,6 +273,8 @@ def plan_frames(
                 pts = packet.pts if packet.pts is not None else packet.dts
                 if pts is None:
                     pts = (times[-1] + max(1, round(1 / (src_rate * tb)))) if times else 0
+                reordered = reordered or (bool(times) and pts < highest)
+                highest = pts if not times else max(highest, pts)
                 times.append(pts)
                 if packet.duration:
                     durations[pts] = packet.duration
@@ -264,11 +286,18 @@ def plan_frames(
                         break
                 order = packet.dts if packet.dts is not None else pts
                 if stop_ticks is not None and order - t_min > stop_ticks:
+                    stopped = True
                     break
         except av.FFmpegError as error:
             raise ValueError(f"cannot read {_describe(source)}: {error}") from error
         if not times:
             raise ValueError(f"{_describe(source)} has no video frames")
+        declared_end = container_end = None
+        if stream.duration:
+            declared_end = (stream.start_time if stream.start_time is not None else t_min) + stream.duration
+        if container.duration:
+            start = container.start_time or 0
+            container_end = math.floor(Fraction(start + container.duration, av.time_base) / tb)
         metadata = dict(container.metadata)
         has_audio = bool(container.streams.audio)
         coded = (stream.width or first_size[0], stream.height or first_size[1]) if first_size else (stream.width,
@@ -276,8 +305,10 @@ def plan_frames(
     times = sorted(set(times))
     t0 = times[0]
     last = times[-1]
-    default_ticks = max(1, round(1 / (src_rate * tb)))
-    end = last + durations.get(last, default_ticks)
+    steps = sorted(b - a for a, b in zip(times, times[1:]))
+    interval = steps[len(steps) // 2] if steps else max(1, round(1 / (src_rate * tb)))
+    end = _last_frame_end(last, durations.get(last), reordered, None if stopped else declared_end,
+                          None if stopped else container_end, interval)
     slots = [_slot(t - t0, tb, grid) for t in times] + [_slot(end - t0, tb, grid)]
 
     sources: list[int] = []
