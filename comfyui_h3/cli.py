@@ -115,8 +115,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli_outputs import OutputError
-
     args = _parser().parse_args(argv)
     try:
         return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend, "run": _run,
@@ -124,9 +122,36 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("Stopped.", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError, OutputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if not _user_facing(exc):
+            raise  # a bug: its traceback is the report
+        if os.environ.get("COMFYUI_H3_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _user_facing(exc: BaseException) -> bool:
+    """Errors a user can act on (bad input, files, disks, checkpoints, the workers' reports): one line, exit 2."""
+    return isinstance(exc, (ValueError, OSError, RuntimeError)) or type(exc).__name__ == "SafetensorError"
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for the terminal: an OSError as "<file>: <reason>", anything else its message's first line (a worker's
+    traceback, which follows it, is shown with COMFYUI_H3_DEBUG=1)."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.strerror and type(exc).__str__ is OSError.__str__:
+        where = f"{exc.filename}: " if exc.filename else ""
+        hint = " (free some space, or write somewhere else)" if exc.errno == errno.ENOSPC else ""
+        return f"{where}{exc.strerror}{hint}"
+    text = str(exc).strip()
+    if type(exc).__name__ == "SafetensorError":
+        text = f"safetensors: {text}"
+    lines = text.splitlines()
+    return (lines[0] if lines else type(exc).__name__) + (" (more with COMFYUI_H3_DEBUG=1)" if len(lines) > 1 else "")
 
 
 def _make_tiny(args) -> int:
