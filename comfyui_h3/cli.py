@@ -18,8 +18,12 @@ def _model_option(p) -> None:
 def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:
     p.add_argument("--steps", type=int, default=50, help=steps_help)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--video-shift", type=float, default=12.0)
-    p.add_argument("--audio-shift", type=float, default=3.0)
+    p.add_argument("--video-shift", type=float, default=None,
+                   help="Video schedule shift. Default: the model folder's (scheduler/scheduler_config.json; 12 for "
+                        "the release).")
+    p.add_argument("--audio-shift", type=float, default=None,
+                   help="Audio schedule shift. Default: the model folder's (audio_scheduler/scheduler_config.json; 3 "
+                        "for the release).")
 
 
 def _device_options(p) -> None:

@@ -55,10 +55,14 @@ class H3Edit:
                                   "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result."}),
-                "video_shift": ("FLOAT", {"default": 12.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule (release: 12)."}),
-                "audio_shift": ("FLOAT", {"default": 3.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule (release: 3)."}),
+                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
+                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
+                                                     "release)."}),
+                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
+                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
+                                                     "release)."}),
                 "audio_mode": (["preset"] + list(AUDIO_MODES),
                                {"default": "preset",
                                 "tooltip": "keep: the source soundtrack stays; regenerate: new sound from the "
@@ -84,7 +88,7 @@ class H3Edit:
             return "The prompt is empty: describe the edited video (and its sound)."
         return True
 
-    def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=12.0, audio_shift=3.0,
+    def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0,
              audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None):
         from ..video_types import video_to_frames_audio
 
@@ -93,7 +97,7 @@ class H3Edit:
         if override is not None:
             wave, sr = override
         request = H3Request(
-            prompt=prompt, steps=steps, seed=seed, video_shift=video_shift, audio_shift=audio_shift,
+            prompt=prompt, steps=steps, seed=seed, video_shift=video_shift or None, audio_shift=audio_shift or None,
             source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
             mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
             audio_level=None if audio_level < 0 else audio_level,

@@ -63,10 +63,14 @@ class H3Extend:
                                            "is kept as is from the start, and the picture follows it."}),
                 "steps": ("INT", {"default": 50, "min": 1, "max": 200,
                                   "tooltip": "Denoising steps per window."}),
-                "video_shift": ("FLOAT", {"default": 12.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule (release: 12)."}),
-                "audio_shift": ("FLOAT", {"default": 3.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule (release: 3)."}),
+                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
+                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
+                                                     "release)."}),
+                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
+                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
+                                                     "release)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed and settings -> the same result."}),
             },
@@ -101,8 +105,8 @@ class H3Extend:
         path = next_free_path(services.temp_directory(), "h3_extend/extend", "mp4")
         request = H3ExtendRequest(
             prompts=split_prompts(prompt), added_frames=added, window_frames=window_frames,
-            overlap_frames=overlap_frames, audio_mode=audio_mode, steps=steps, video_shift=video_shift,
-            audio_shift=audio_shift, seed=seed, output_path=path,
+            overlap_frames=overlap_frames, audio_mode=audio_mode, steps=steps, video_shift=video_shift or None,
+            audio_shift=audio_shift or None, seed=seed, output_path=path,
             driving_audio=drive[0] if drive else None, driving_sample_rate=drive[1] if drive else None, **source)
         try:
             result = run_engine(engine, request, steps, unique_id, status=window_status(steps),

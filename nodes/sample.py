@@ -46,10 +46,14 @@ class H3Sample:
                                    "tooltip": "Multiple of 32; 0 with width 0 = automatic."}),
                 "steps": ("INT", {"default": 50, "min": 1, "max": 200,
                                   "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
-                "video_shift": ("FLOAT", {"default": 12.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule (release: 12)."}),
-                "audio_shift": ("FLOAT", {"default": 3.0, "min": 0.1, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule (release: 3)."}),
+                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
+                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
+                                                     "release)."}),
+                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
+                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
+                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
+                                                     "release)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result (matches the diffusers reference "
                                             "with torch.Generator('cpu').manual_seed(seed))."}),
@@ -83,7 +87,7 @@ class H3Sample:
                reference_audio=None, unique_id=None):
         request = H3Request(
             prompt=prompt, num_frames=seconds_to_frames(seconds), width=width or None, height=height or None,
-            steps=steps, video_shift=video_shift, audio_shift=audio_shift, seed=seed,
+            steps=steps, video_shift=video_shift or None, audio_shift=audio_shift or None, seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
             references=build_references(reference_images, reference_video, reference_audio),
         )

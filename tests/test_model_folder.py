@@ -189,3 +189,40 @@ def test_an_unreadable_file_is_named(folder_copy, monkeypatch):
     monkeypatch.setattr(Path, "read_text", failing)
     with pytest.raises(CheckpointError, match=rf"Cannot read {re.escape(str(path))}: .*Permission denied"):
         check_model_folder(folder_copy)
+
+
+# -- schedule shifts: read from scheduler/ and audio_scheduler/ as diffusers 0.42.1 reads them ------------------------
+
+def _set_shift(folder, name, value):
+    path = folder / name / "scheduler_config.json"
+    config = json.loads(path.read_text())
+    if value is None:
+        config.pop("shift")
+    else:
+        config["shift"] = value
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_scheduler_shifts_are_the_folders(folder_copy):
+    from comfyui_h3.backend.pipelines.h3.components import scheduler_shifts
+
+    assert scheduler_shifts(folder_copy) == (12.0, 3.0)  # the tiny set carries the release's
+    _set_shift(folder_copy, "scheduler", 5)
+    _set_shift(folder_copy, "audio_scheduler", 7.5)
+    assert scheduler_shifts(folder_copy) == (5.0, 7.5)
+    _set_shift(folder_copy, "audio_scheduler", None)  # diffusers: MiniMaxH3Scheduler's own default
+    assert scheduler_shifts(folder_copy) == (5.0, 12.0)
+    shutil.rmtree(folder_copy / "audio_scheduler")  # no reference to follow: the release's value
+    shutil.rmtree(folder_copy / "scheduler")
+    assert scheduler_shifts(folder_copy) == (12.0, 3.0)
+
+
+@pytest.mark.parametrize("value", [0, -3.0, "12", True, None])
+def test_a_bad_scheduler_shift_names_the_file(folder_copy, value):
+    path = folder_copy / "audio_scheduler" / "scheduler_config.json"
+    config = json.loads(path.read_text())
+    config["shift"] = value
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: shift must be a positive number"):
+        check_model_folder(folder_copy)

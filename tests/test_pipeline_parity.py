@@ -90,3 +90,104 @@ def test_keyframe_content_steers_the_result(pipelines):
     a = ours.run(H3Request(prompt="x", num_frames=124, steps=2, seed=1, first_frame=first, decode=False))
     b = ours.run(H3Request(prompt="x", num_frames=124, steps=2, seed=1, first_frame=first.rotate(90), decode=False))
     assert rel(a.video_latents, b.video_latents) > 1e-3
+
+
+# -- the schedule shifts come from the model folder's scheduler configs, as the reference reads them ----------------
+
+FOLDER_SHIFTS = {"scheduler": 5.0, "audio_scheduler": 7.5}  # not the release's 12 / 3
+
+
+@pytest.fixture(scope="module")
+def shifted(tiny_h3_dir, tmp_path_factory):
+    """A copy of the tiny folder whose scheduler configs set other shifts; ours and diffusers' pipelines on it."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("shifted") / "tiny-h3"
+    shutil.copytree(tiny_h3_dir, folder)
+    for name, shift in FOLDER_SHIFTS.items():
+        path = folder / name / "scheduler_config.json"
+        config = json.loads(path.read_text())
+        config["shift"] = shift
+        path.write_text(json.dumps(config))
+    ours = EngineConfig(str(folder), dtype="float32").build_pipeline(0)
+    ref = diffusers.ModularPipeline.from_pretrained(str(folder))
+    ref.load_components(torch_dtype=torch.float32)
+    assert (ref.scheduler.config.shift, ref.audio_scheduler.config.shift) == tuple(FOLDER_SHIFTS.values())
+    return ours, ref
+
+
+@pytest.mark.parametrize("name,ref_kwargs,our_kwargs", [c for c in cases() if c[0] in ("t2va", "fl2va_first_last")],
+                         ids=["t2va", "fl2va_first_last"])
+def test_folder_shifts_match_reference(shifted, name, ref_kwargs, our_kwargs):
+    """A request that sets no shift uses the folder's, as diffusers does (it was 12 / 3 whatever the folder said)."""
+    ours, ref = shifted
+    want = ref(prompt="a red fox runs", num_frames=FRAMES, num_inference_steps=STEPS + 1,
+               generator=torch.Generator("cpu").manual_seed(SEED), output=["latents", "audio_latents"], **ref_kwargs)
+    got = ours.run(H3Request(prompt="a red fox runs", num_frames=FRAMES, steps=STEPS, seed=SEED, decode=False,
+                             **our_kwargs))
+    assert rel(got.video_latents, want["latents"]) <= 1e-4
+    assert rel(got.audio_latents, want["audio_latents"]) <= 1e-4
+
+
+def test_explicit_shifts_override_the_folder(shifted, pipelines):
+    """Shifts set on the request (node widget != 0, --video-shift) win over the folder's: 12 / 3 on the shifted
+    folder equal the reference on the release-shift folder (same weights)."""
+    ours, _ = shifted
+    _, ref = pipelines
+    want = ref(prompt="a red fox runs", num_frames=FRAMES, num_inference_steps=STEPS + 1, height=64, width=96,
+               generator=torch.Generator("cpu").manual_seed(SEED), output=["latents", "audio_latents"])
+    got = ours.run(H3Request(prompt="a red fox runs", num_frames=FRAMES, steps=STEPS, seed=SEED, decode=False,
+                             height=64, width=96, video_shift=12.0, audio_shift=3.0))
+    assert rel(got.video_latents, want["latents"]) <= 1e-4
+    assert rel(got.audio_latents, want["audio_latents"]) <= 1e-4
+    default = ours.run(H3Request(prompt="a red fox runs", num_frames=FRAMES, steps=STEPS, seed=SEED, decode=False,
+                                 height=64, width=96))
+    assert rel(default.video_latents, want["latents"]) > 1e-3  # the folder's shifts do make a difference
+
+
+@pytest.mark.parametrize("node", ["sample", "edit", "extend"])
+def test_node_shift_widgets_default_to_the_folder(monkeypatch, tmp_path, node):
+    """The widgets' default 0 means "the model folder's" (None on the request); another value is passed through."""
+    import importlib
+
+    monkeypatch.setenv("COMFYUI_H3_TEMP", str(tmp_path))  # H3 Extend reserves its output file there
+
+    from comfyui_h3.video_types import H3Video
+
+    module = importlib.import_module(f"comfyui_h3.nodes.{node}")
+    cls = {"sample": "H3Sample", "edit": "H3Edit", "extend": "H3Extend"}[node]
+    node_cls = getattr(module, cls)
+    spec = node_cls.INPUT_TYPES()["required"]
+    assert spec["video_shift"][1]["default"] == 0.0 and spec["audio_shift"][1]["default"] == 0.0
+    assert spec["video_shift"][1]["min"] == 0.0 and "model folder" in spec["video_shift"][1]["tooltip"]
+
+    seen = []
+
+    def capture(handle, request, *args, **kwargs):
+        seen.append((request.video_shift, request.audio_shift))
+        raise KeyboardInterrupt  # stop before anything else runs
+
+    monkeypatch.setattr(module, "run_engine", capture)
+    widgets = {name: value[1]["default"] for name, value in spec.items()
+               if len(value) > 1 and "default" in value[1]}
+    widgets["prompt"] = "waves"
+    frames = torch.zeros((124, 64, 64, 3), dtype=torch.uint8)
+    inputs = {"sample": {}, "edit": {"video": H3Video(frames, 24, None, None), "mask": torch.ones(124, 64, 64)},
+              "extend": {"video": H3Video(frames, 24, None, None)}}[node]
+    run = getattr(node_cls(), node_cls.FUNCTION)
+    for shifts, want in (({}, (None, None)), ({"video_shift": 5.0, "audio_shift": 7.5}, (5.0, 7.5))):
+        with pytest.raises(KeyboardInterrupt):
+            run(engine=None, **{**widgets, **shifts}, **inputs)
+        assert seen.pop() == want
+
+
+def test_cli_shift_options_default_to_the_folder():
+    from comfyui_h3.cli import _parser
+
+    for command in (["generate", "--prompt", "x"], ["edit", "--prompt", "x", "--video", "v.mp4", "--mask", "m.png", "--out", "o.mp4"],
+                    ["extend", "--prompt", "x", "--video", "v.mp4", "--out", "o.mp4"]):
+        args = _parser().parse_args(command)
+        assert (args.video_shift, args.audio_shift) == (None, None)
+    args = _parser().parse_args(["generate", "--prompt", "x", "--video-shift", "5", "--audio-shift", "7.5"])
+    assert (args.video_shift, args.audio_shift) == (5.0, 7.5)

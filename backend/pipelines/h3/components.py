@@ -11,7 +11,7 @@ reads every config and every safetensors header before a weight loads.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,10 +19,12 @@ import torch
 from ...models.checkpoint import CheckpointError, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from .conditioning import ConditionEncoder
+from .schedule import RELEASE_AUDIO_SHIFT, RELEASE_VIDEO_SHIFT, SCHEDULER_DEFAULT_SHIFT
 from .text import TEXT_LAYER, TextEncoder
 
 REQUIRED = ("vae", "audio_vae", "text_encoder", "tokenizer", "processor")
 WEIGHTED = ("transformer", "transformer_ref", "vae", "audio_vae", "text_encoder")
+SCHEDULERS = {"scheduler": RELEASE_VIDEO_SHIFT, "audio_scheduler": RELEASE_AUDIO_SHIFT}  # folder -> release shift
 # A Qwen2 tokenizer loads from tokenizer.json or from vocab.json + merges.txt; with neither, transformers still
 # returns a tokenizer, one that turns every prompt into zero tokens (a reshape error at generate time).
 TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
@@ -43,7 +45,7 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
     # Everything below reads only configs and safetensors headers: a broken file is named before a weight loads.
     for config in sorted(path.glob("*.json")):
         read_json(config)
-    for name in REQUIRED + ("transformer", "transformer_ref", "scheduler", "audio_scheduler"):
+    for name in REQUIRED + ("transformer", "transformer_ref") + tuple(SCHEDULERS):
         for config in sorted((path / name).glob("*.json")) if (path / name).is_dir() else ():
             read_json(config)
     for name in WEIGHTED:
@@ -54,7 +56,26 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
         if not any(all((path / name / f).is_file() for f in files) for files in TOKENIZER_FILES):
             raise CheckpointError(f"{path / name / 'tokenizer.json'} is missing (the tokenizer needs tokenizer.json, "
                                   "or vocab.json + merges.txt): copy it from the model's release.")
+    scheduler_shifts(path)
     return path.resolve()
+
+
+def scheduler_shifts(folder: str | os.PathLike) -> tuple[float, float]:
+    """(video, audio) schedule shifts of a model folder, read as diffusers 0.42.1 reads them: the `shift` of
+    scheduler/scheduler_config.json and audio_scheduler/scheduler_config.json, the scheduler class's own default (12)
+    where a config leaves it out. A folder without one of the two subfolders gets the release's value for it (video
+    12, audio 3): the reference pipeline cannot run without its audio scheduler, so there is nothing else to follow."""
+    shifts = []
+    for name, release in SCHEDULERS.items():
+        path = Path(folder) / name / "scheduler_config.json"
+        if not (Path(folder) / name).is_dir():
+            shifts.append(release)
+            continue
+        shift = read_json(path).get("shift", SCHEDULER_DEFAULT_SHIFT)
+        if isinstance(shift, bool) or not isinstance(shift, (int, float)) or not 0 < shift < float("inf"):
+            raise CheckpointError(f"{path}: shift must be a positive number, got {shift!r}.")
+        shifts.append(float(shift))
+    return shifts[0], shifts[1]
 
 
 def _strict(kind: str, folder: Path, info: dict, ignore=lambda key: False) -> None:
@@ -133,6 +154,8 @@ class H3Components:
         self.folder = check_model_folder(folder)
         self.options = options
         self.device = torch.device(options.device)
+        # The schedules' default shifts (a request's None): the folder's scheduler configs, as the reference reads them.
+        self.video_shift, self.audio_shift = scheduler_shifts(self.folder)
         f = self.folder
         self.vae = _load_diffusers(AutoencoderKLMiniMaxH3, "vae", f / "vae", options.vae_dtype)
         self.audio_vae = _load_diffusers(AutoencoderKLMiniMaxH3Audio, "audio_vae", f / "audio_vae", options.vae_dtype)
@@ -179,6 +202,13 @@ class H3Components:
     @property
     def audio_channels(self) -> int:
         return int(self.audio_vae.config.latent_channels)
+
+    def with_folder_shifts(self, req):
+        """The request with its unset schedule shifts (None) taken from this folder's scheduler configs."""
+        if req.video_shift is not None and req.audio_shift is not None:
+            return req
+        return replace(req, video_shift=self.video_shift if req.video_shift is None else req.video_shift,
+                       audio_shift=self.audio_shift if req.audio_shift is None else req.audio_shift)
 
     def has_partition(self, task: str) -> bool:
         return (self.folder / TASK_PARTITION[task]).is_dir()

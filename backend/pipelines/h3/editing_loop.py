@@ -32,6 +32,7 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     from .pipeline import decode_frames_to_host
     from .decode import decode_audio, iter_decode_video
 
+    req = pipe.c.with_folder_shifts(req)  # unset shifts: the model folder's
     req.validate()
     c, timings = pipe.c, {}
     t0 = time.perf_counter()

@@ -51,6 +51,7 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
     """`observe(k, layout, video_rows_before, audio_rows_before, video_rows_after, audio_rows_after)` sees every
     window's packed rows (tests). Raises step_plan.Cancelled at a step boundary on Stop; windows finished by then
     are published (file output) and named in the exception's `extra`."""
+    req = pipe.c.with_folder_shifts(req)  # unset shifts: the model folder's
     req.validate()
     c, timings, t0 = pipe.c, {}, time.perf_counter()
     task = "extend" if c.has_partition("extend") else "t2va"

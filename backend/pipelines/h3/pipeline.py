@@ -72,6 +72,7 @@ class H3Pipeline:
     @torch.no_grad()
     def run(self, req: H3Request, on_step: StepCallback | None = None,
             should_stop: Callable[[], bool] | None = None) -> H3Result:
+        req = self.c.with_folder_shifts(req)  # every task: unset shifts are the model folder's
         if req.task == "edit":  # latent mask editing: its own loop (editing_loop.py); the paths below are untouched
             from .editing_loop import run_edit
 

@@ -12,12 +12,13 @@ from .finite import check_finite
 from .geometry import FPS, RequestError, resolve_geometry
 
 
-def check_sampling(steps: int, video_shift: float, audio_shift: float, seed: int) -> None:
-    """The settings every task shares: steps, the two schedule shifts, the seed."""
+def check_sampling(steps: int, video_shift: float | None, audio_shift: float | None, seed: int) -> None:
+    """The settings every task shares: steps, the two schedule shifts (None: the model folder's), the seed."""
     if not 1 <= steps <= 1000:
         raise RequestError(f"steps must be between 1 and 1000, got {steps}.")
-    if video_shift <= 0 or audio_shift <= 0:
-        raise RequestError("Shifts must be positive.")
+    for name, shift in (("video_shift", video_shift), ("audio_shift", audio_shift)):
+        if shift is not None and not 0 < shift < float("inf"):
+            raise RequestError(f"{name} must be positive (or unset: the model folder's), got {shift}.")
     if not 0 <= seed < 2**64:
         raise RequestError(f"seed must be in [0, 2^64), got {seed}.")
 
@@ -42,8 +43,8 @@ class H3Request:
     width: int | None = None  # None: from the first keyframe's aspect, else 16:9 at 768 short edge
     height: int | None = None
     steps: int = 50  # denoising steps = model evaluations (the reference's num_inference_steps is steps + 1)
-    video_shift: float = 12.0
-    audio_shift: float = 3.0
+    video_shift: float | None = None  # None: the model folder's (scheduler/scheduler_config.json; release 12)
+    audio_shift: float | None = None  # None: the model folder's (audio_scheduler/scheduler_config.json; release 3)
     seed: int = 0
     first_frame: Image.Image | None = None
     last_frame: Image.Image | None = None
@@ -161,8 +162,8 @@ class H3ExtendRequest:
     driving_audio: torch.Tensor | None = None
     driving_sample_rate: int | None = None
     steps: int = 50
-    video_shift: float = 12.0
-    audio_shift: float = 3.0
+    video_shift: float | None = None  # None: the model folder's, as for H3Request
+    audio_shift: float | None = None
     seed: int = 0
     output_path: str | None = None
     crf: int = 18

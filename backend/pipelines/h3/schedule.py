@@ -1,4 +1,7 @@
-"""Dual flow-match schedules (video shift 12, audio shift 3) and the per-step row timestep plan.
+"""Dual flow-match schedules (released shifts: video 12, audio 3) and the per-step row timestep plan.
+
+A request's shifts default to the model folder's (scheduler/ and audio_scheduler/ scheduler_config.json, read by
+components.scheduler_shifts), as the reference pipeline takes them from its two scheduler components.
 
 Convention: sigma 1 = noise, 0 = clean; t = 1 - sigma. The grid is linspace(1, 0, steps) shifted by
 s*sig / (1 + (s-1)*sig) with consecutive duplicates dropped, so `steps` grid points give steps-1 model evaluations
@@ -13,6 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from .layout import CONDITION_T, PackedLayout
+
+RELEASE_VIDEO_SHIFT = 12.0
+RELEASE_AUDIO_SHIFT = 3.0
+SCHEDULER_DEFAULT_SHIFT = 12.0  # diffusers' MiniMaxH3Scheduler(shift=12.0): a config without `shift` gets this
 
 
 def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
