@@ -17,7 +17,7 @@ def _open_image(path: str):
 
 
 def reference_from_file(path: str):
-    from .backend.media.decode import decode_audio, decode_video
+    from .backend.media.decode import decode_reference_audio, decode_reference_video
     from .backend.media.images import IMAGE_EXTENSIONS
     from .backend.pipelines.h3.request import ReferenceInput
 
@@ -26,10 +26,13 @@ def reference_from_file(path: str):
     ext = Path(path).suffix.lower()
     if ext in IMAGE_EXTENSIONS:
         return ReferenceInput("image", image=_open_image(path))
+    # Read as the reference pipeline reads a reference (the whole soundtrack, every decoded sample).
     if ext in AUDIO_EXT:
-        wave, rate = decode_audio(path)
+        wave, rate = decode_reference_audio(path)
+        if wave is None:
+            raise ValueError(f"no audio stream in {path!r}")
         return ReferenceInput("audio", audio=wave, sample_rate=rate)
-    clip = decode_video(path)
+    clip = decode_reference_video(path)
     return ReferenceInput("video", frames=clip.frames.numpy(), fps=float(clip.frame_rate), audio=clip.audio,
                           sample_rate=clip.sample_rate)
 

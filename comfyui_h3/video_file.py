@@ -77,6 +77,13 @@ class H3FileVideo(H3Video):
                 self.path, self.plan, self._audio_sample_rate, self._stereo_downmix
             )
 
+    def reference_audio(self) -> tuple[torch.Tensor | None, int | None]:
+        """(waveform [C, S], rate) as MiniMax-H3's reference pipeline reads a ref2va video reference's soundtrack:
+        the whole track unless this clip's selection took a section (backend.media.decode.decode_reference_audio)."""
+        from .backend.media.decode import decode_reference_audio
+
+        return decode_reference_audio(self.path, self.plan, self._stereo_downmix)
+
     @property
     def audio(self) -> torch.Tensor | None:
         self._load_audio()

@@ -61,6 +61,8 @@ def build_references(images: torch.Tensor | None, video, audio: dict | None) -> 
     refs = [ReferenceInput("image", image=p) for p in image_batch_to_pils(images, "reference_images")]
     if video is not None:
         frames, rate, wave, sr = video_to_frames_audio(video)
+        if hasattr(video, "reference_audio"):  # a file-backed clip: its soundtrack read as the reference reads one
+            wave, sr = video.reference_audio()
         refs.append(ReferenceInput("video", frames=frames.cpu().numpy(), fps=float(rate), audio=wave, sample_rate=sr))
     pair = audio_to_waveform(audio)
     if pair is not None:

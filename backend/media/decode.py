@@ -26,6 +26,8 @@ Frame selection, in this order (the VideoHelperSuite convention):
 4. frame_load_cap > 0 and max_seconds > 0: stop after that many frames / that many seconds of output. Decoding (and
    the pts pass) stop there too, so a 2-hour file capped at 10 s reads little more than 10 s of it.
 When any of them is active the audio is cut to the same time span: [skip / rate, (skip + kept * nth) / rate).
+A ref2va reference's soundtrack is read differently, as the MiniMax-H3 reference pipeline reads it (whole, every
+decoded sample): `decode_reference_audio` / `decode_reference_video`.
 
 Memory: frames are decoded straight into one preallocated uint8 buffer of the planned size (after resizing); audio is
 kept only inside the window it needs.
@@ -180,6 +182,7 @@ class FramePlan:
     duration: float
     select_every_nth: int = 1
     selecting: bool = False
+    trims_time: bool = False  # skip_first_frames, frame_load_cap or max_seconds took a section (not only a rate)
     metadata: dict = field(default_factory=dict)
     has_audio: bool = False
 
@@ -352,6 +355,7 @@ def plan_frames(
         duration=float(Fraction(len(sources) * nth) / grid),
         select_every_nth=nth,
         selecting=bool(force_rate or skip or nth > 1 or cap or max_seconds),
+        trims_time=bool(skip or cap or max_seconds),
         metadata=metadata,
         has_audio=has_audio,
     )
@@ -498,9 +502,12 @@ def _decode_audio(
     duration_s: float | None,
     target_rate: int | None,
     stereo_downmix: bool = True,
+    keep_padding: bool = False,
 ):
     """The first audio stream from stream-time `start_time` (None: its own start) for `duration_s` seconds (None: to
-    its end), streamed: only the window is kept. Leading silence pads a window that starts before the audio does."""
+    its end), streamed: only the window is kept. Leading silence pads a window that starts before the audio does.
+    The track ends at its declared duration (AAC pads its last frame), unless `keep_padding`: then every decoded
+    sample is kept, as MiniMax-H3's reference pipeline reads a reference (see decode_reference_audio)."""
     with _open(source) as container:
         if not container.streams.audio:
             return None, None
@@ -509,7 +516,7 @@ def _decode_audio(
         resampler = av.AudioResampler(format="fltp", layout=_audio_layout(stream, stereo_downmix), rate=rate)
         declared = None
         # AAC pads its last frame; the stream's declared duration is the real length.
-        if stream.duration is not None and stream.time_base:
+        if stream.duration is not None and stream.time_base and not keep_padding:
             declared = int(round(float(stream.duration * stream.time_base) * rate))
         pieces: list[np.ndarray] = []
         state = {"pos": 0, "begin": None, "end": None, "pad": 0}
@@ -561,6 +568,29 @@ def decode_planned_audio(source, plan: FramePlan, sample_rate: int | None = None
     return _decode_audio(
         source, plan.start_time, plan.duration if plan.selecting else None, sample_rate, stereo_downmix
     )
+
+
+def decode_reference_audio(source, plan: FramePlan | None = None, stereo_downmix: bool = True):
+    """A ref2va reference's soundtrack -> (float32 [C, S], rate), or (None, None) without an audio stream.
+
+    Read as the MiniMax-H3 reference pipeline reads a video or audio reference (diffusers 0.42.1
+    `MiniMaxH3VideoReference.from_file` / `MiniMaxH3AudioReference.from_file`): the whole first audio stream, from
+    its own start, at its own sample rate, with every decoded sample (an AAC track's padded last frame included: the
+    pipeline conditions on those samples, so cutting the track at its declared duration can drop an audio latent),
+    also past the end of the video. Only when `plan` trims time (skip_first_frames, frame_load_cap, max_seconds: the
+    user took a section) is the soundtrack that section's. More than two channels are downmixed to stereo (the
+    reference pipeline takes mono or stereo only)."""
+    if plan is not None and plan.trims_time:
+        return decode_planned_audio(source, plan, None, stereo_downmix)
+    return _decode_audio(source, None, None, None, stereo_downmix, keep_padding=True)
+
+
+def decode_reference_video(source: str | os.PathLike | BinaryIO) -> DecodedVideo:
+    """A ref2va video reference read from a file: every frame at the file's own rate, upright (as decode_video), and
+    its soundtrack as the reference pipeline reads it (decode_reference_audio)."""
+    clip = decode_video(source, load_audio=False)
+    clip.audio, clip.sample_rate = decode_reference_audio(source)
+    return clip
 
 
 def decode_video(
