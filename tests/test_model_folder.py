@@ -226,3 +226,18 @@ def test_a_bad_scheduler_shift_names_the_file(folder_copy, value):
     path.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=rf"{re.escape(str(path))}: shift must be a positive number"):
         check_model_folder(folder_copy)
+
+
+def test_the_engine_error_a_node_shows_names_the_file(folder_copy):
+    """What a user sees: the worker's load failure reaches the caller as one error that names the broken file."""
+    from comfyui_h3.backend.engine import Engine, EngineError
+    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+    (folder_copy / "tokenizer" / "tokenizer.json").unlink()
+    engine = Engine(EngineConfig(str(folder_copy), dtype="float32"))
+    try:
+        with pytest.raises(EngineError, match=r"tokenizer/tokenizer\.json is missing"):
+            engine.generate(H3Request(prompt="a lighthouse", num_frames=124, steps=1, width=64, height=64))
+    finally:
+        engine.shutdown()
