@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, WORKFLOWS
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI
 
+from comfyui_h3.cli import workflows_dir
 from comfyui_h3.workflow_runner import apply_overrides, execute, load_workflow
 from comfyui_h3.workflow_validation import WorkflowError, validate_workflow
 
@@ -163,7 +164,7 @@ BAD_EDITS = [  # (workflow, --set items): each must be refused by ComfyUI and by
 def test_shipped_workflow_edits_are_refused_before_running(name, sets):
     from comfyui_h3.registration import NODE_CLASS_MAPPINGS
 
-    prompt = apply_overrides(load_workflow(WORKFLOWS / f"{name}.api.json"), sets, NODE_CLASS_MAPPINGS)
+    prompt = apply_overrides(load_workflow(workflows_dir() / f"{name}.api.json"), sets, NODE_CLASS_MAPPINGS)
     with pytest.raises(WorkflowError) as info:
         validate_workflow(prompt, NODE_CLASS_MAPPINGS)
     nodes = {item.split(".")[0] for item in sets}
@@ -177,7 +178,7 @@ def test_verdicts_equal_a_real_comfyui(comfy):
     from comfyui_h3.registration import NODE_CLASS_MAPPINGS
 
     for name, sets in BAD_EDITS:
-        prompt = apply_overrides(load_workflow(WORKFLOWS / f"{name}.api.json"), sets, NODE_CLASS_MAPPINGS)
+        prompt = apply_overrides(load_workflow(workflows_dir() / f"{name}.api.json"), sets, NODE_CLASS_MAPPINGS)
         with pytest.raises(WorkflowError) as info:
             validate_workflow(prompt, NODE_CLASS_MAPPINGS)
         ours = info.value.problems
