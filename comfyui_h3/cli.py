@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -127,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         print("Stopped.", file=sys.stderr)
         return 130
     except Exception as exc:
+        if type(exc).__name__ == "H3Interrupted":  # a node stopped by Ctrl-C (run / demo): its message says what
+            print(str(exc) if str(exc).startswith("Stopped") else "Stopped.", file=sys.stderr)  # was kept
+            return 130
         if not _user_facing(exc):
             raise  # a bug: its traceback is the report
         if os.environ.get("COMFYUI_H3_DEBUG"):
@@ -218,10 +223,35 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
 
     if out_dir:
         os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
-    outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
+    with _ctrl_c_is_stop():
+        outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
     root = services.output_directory()
     return [os.path.join(root, item.get("subfolder", ""), item["filename"])
             for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
+
+
+@contextlib.contextmanager
+def _ctrl_c_is_stop():
+    """While nodes run, the first Ctrl-C is ComfyUI's Stop (the nodes poll the same flag: the engine stops at a step
+    boundary, an extension keeps its finished windows, the node raises H3Interrupted); a second one quits at once.
+    generate / edit / extend do the same around their engine run (cli_generate.run_on_engine)."""
+    from . import comfy_services as services
+
+    def stop(signum, frame):
+        if services.interrupt_requested():
+            raise KeyboardInterrupt
+        services.request_interrupt()
+
+    try:
+        previous = signal.signal(signal.SIGINT, stop)
+    except ValueError:  # not the main thread (main() called by a host program): Ctrl-C stays the host's
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        services.clear_interrupt()
 
 
 def _demo(args) -> int:

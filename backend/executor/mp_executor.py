@@ -5,6 +5,10 @@ worker or a progress update are noticed within ~0.1 s. A frozen worker (SIGSTOP,
 collective) is found by the liveness watchdog (liveness.py: heartbeats, step progress, Stop acknowledgements in
 lock-free shared memory); it and a Stop the workers do not honour in time kill the whole group, which restarts on
 next use.
+
+Signals: workers start with SIGINT blocked (inherited from the spawning thread), then ignore it and leave the host's
+process group (worker.leave_terminal_signals), so a terminal's Ctrl-C reaches only the host, which turns it into the
+agreed Stop. A worker still exits when its host dies (it polls its parent).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import contextlib
 import itertools
 import os
 import queue
+import signal
 import sys
 import time
 import types
@@ -56,6 +61,21 @@ def _spawn_environment():
         if added:
             with contextlib.suppress(ValueError):
                 sys.path.remove(root)
+
+
+@contextlib.contextmanager
+def _sigint_blocked():
+    """Spawn children with SIGINT blocked (a blocked mask survives fork and exec): a Ctrl-C that lands while a worker
+    imports, before it can ignore SIGINT itself, stays pending and is then discarded. Per thread, so it works from
+    ComfyUI's execution thread too. The resource tracker is started first: starting it unblocks SIGINT."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class SharedCounters:
@@ -114,7 +134,7 @@ class MpExecutor:
         self._shared = SharedCounters(ctx, n)
         self._watchdog = Watchdog(n, bounds)
         port = _free_port() if n > 1 else 0
-        with _spawn_environment():
+        with _spawn_environment(), _sigint_blocked():
             for rank in range(n):
                 commands = ctx.Queue()
                 proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
@@ -227,8 +247,11 @@ class MpExecutor:
 
 
 def _kill_process_group(proc) -> None:
-    """SIGKILL a worker (it works on a stopped process too)."""
+    """SIGKILL a worker and, when it leads its own process group (it moves there at start), the whole group."""
     if proc.pid is None or proc.exitcode is not None:
         return
+    with contextlib.suppress(OSError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.kill()

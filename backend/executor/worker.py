@@ -72,6 +72,24 @@ def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sho
         return Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
 
+def leave_terminal_signals() -> None:
+    """First thing in a worker: a terminal's Ctrl-C (SIGINT to the whole foreground process group) is the host's to
+    turn into Stop, never a KeyboardInterrupt here. The worker ignores SIGINT, then unblocks it (the host spawned it
+    blocked, so one sent meanwhile was held and is now discarded), and moves to its own process group: the
+    terminal's other job-control signals reach only the host too, and the host can kill a worker with whatever it
+    started. It still exits with its host (the parent poll in worker_main / the heartbeat)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if hasattr(os, "setpgid"):
+        try:
+            os.setpgid(0, 0)
+        except OSError:  # already a group or session leader: nothing to leave
+            pass
+
+
 def worker_main(rank: int, world_size: int, engine_config, commands, events, shared, parent_pid: int,
                 master_port: int = 0, heartbeat_s: float = 60.0) -> None:
     """The `mp` executor's process: beat, load, report Ready (or Failed), then serve Jobs from `commands`.
@@ -80,6 +98,8 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, sha
 
     from .liveness import Heartbeat
     from .messages import Failed, Job, Shutdown
+
+    leave_terminal_signals()
 
     def orphaned() -> bool:
         # A host killed without running its exit hooks (SIGKILL, a container stop) must not leave a 60 GB model

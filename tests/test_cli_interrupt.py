@@ -1,0 +1,145 @@
+"""Ctrl-C in a terminal sends SIGINT to the whole foreground process group. During `python -m comfyui_h3 extend` the
+workers must ignore it and the CLI must turn it into the agreed Stop: exit 130, one line on stderr (no worker
+traceback), the finished windows kept as OUT_partial_NNNNN.mp4 (a valid MP4), and no worker left behind. `run` (nodes,
+as in ComfyUI) takes the same Stop."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import av
+import numpy as np
+import pytest
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WINDOW, OVERLAP, SOURCE = 56, 22, 124
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds worker processes through /proc")
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as handle:
+                ppid = int(re.search(r"^PPid:\s*(\d+)", handle.read(), re.M).group(1))
+        except (OSError, AttributeError):
+            continue
+        if ppid == pid:
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return not re.search(r"^State:\s*Z", handle.read(), re.M)
+    except OSError:
+        return False
+
+
+def source_clip(path):
+    from comfyui_h3.backend.media.save import write_mp4
+
+    rng = np.random.default_rng(4)
+    video = torch.from_numpy(rng.integers(0, 256, (SOURCE, 64, 96, 3), dtype=np.uint8))
+    wave = torch.from_numpy(np.sin(np.arange(32000 * 6) * 2 * np.pi * 220 / 32000)[None].repeat(2, 0) * 0.2).float()
+    return write_mp4(str(path), video, 24, wave, 32000)
+
+
+def env_for(tiny_h3_dir):
+    return dict(os.environ, PYTHONPATH=REPO, COMFYUI_H3_CACHE=str(tiny_h3_dir.parent))
+
+
+def run_and_interrupt(cmd, cwd, env, ready):
+    """Start `cmd` in its own session, send SIGINT to its whole process group (what a terminal does) once a stderr
+    line satisfies `ready`. -> (returncode, stdout, stderr with a '<SIGINT>' line where it was sent, worker pids)."""
+    # Its own session: the test's process group (pytest) never sees the SIGINT, as a terminal's other jobs do not.
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines, interrupted, workers = [], threading.Event(), []
+
+    def read_stderr():
+        for line in proc.stderr:
+            lines.append(line)
+            if ready(line) and not interrupted.is_set():
+                workers.extend(children(proc.pid))
+                interrupted.set()
+                lines.append("<SIGINT>\n")
+                os.killpg(proc.pid, signal.SIGINT)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    try:
+        stdout = proc.stdout.read()
+        proc.wait(timeout=300)
+        reader.join(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = "".join(lines)
+    assert interrupted.is_set(), f"the run ended before it was interrupted:\n{stderr}"
+    return proc.returncode, stdout, stderr, workers
+
+
+def lines_after_sigint(stderr: str) -> list[str]:
+    """What the command printed after the SIGINT, progress lines aside."""
+    return [ln for ln in stderr.split("<SIGINT>\n", 1)[1].splitlines() if ln.strip() and "[comfyui-h3]" not in ln]
+
+
+def assert_no_worker_left(workers):
+    assert workers, "no worker process was seen"
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in workers if alive(pid)], "a worker outlived the CLI"
+
+
+def test_ctrl_c_during_extend_stops_keeps_the_finished_windows_and_exits_130(tmp_path, tiny_h3_dir):
+    src = source_clip(tmp_path / "in.mp4")
+    out = tmp_path / "long.mp4"
+    cmd = [sys.executable, "-m", "comfyui_h3", "extend", "--model", str(tiny_h3_dir), "--video", src, "--windows", "6",
+           "--window-frames", str(WINDOW), "--overlap-frames", str(OVERLAP), "--prompt", "surf", "--steps", "10",
+           "--dtype", "float32", "--out", str(out)]
+
+    def window_finished(line):
+        m = re.search(r"window (\d+)/", line)
+        return bool(m) and int(m.group(1)) >= 2
+
+    rc, stdout, stderr, workers = run_and_interrupt(cmd, tmp_path, env_for(tiny_h3_dir), window_finished)
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    after = lines_after_sigint(stderr)
+    assert len(after) == 1 and after[0].startswith("Stopped after "), stderr  # one line, no worker output
+    done = int(re.match(r"Stopped after (\d+) of 6 windows", after[0]).group(1))
+    assert 1 <= done < 6
+    kept = tmp_path / "long_partial_00001.mp4"
+    assert stdout.split() == [str(kept)]
+    with av.open(str(kept)) as container:  # a complete, playable file: every frame decodes
+        frames = sum(1 for _ in container.decode(video=0))
+        assert container.streams.audio
+    assert frames == SOURCE + done * (WINDOW - OVERLAP)
+    assert not out.exists() and not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert_no_worker_left(workers)
+
+
+def test_ctrl_c_during_run_is_the_nodes_stop(tmp_path, tiny_h3_dir):
+    from comfyui_h3.cli import workflows_dir
+
+    workflow = workflows_dir() / "h3_text_to_video.api.json"
+    cmd = [sys.executable, "-m", "comfyui_h3", "run", str(workflow), "--set", "2.steps=40", "--set", '1.dtype="float32"',
+           "--out-dir", str(tmp_path / "out")]
+    rc, stdout, stderr, workers = run_and_interrupt(cmd, tmp_path, env_for(tiny_h3_dir),
+                                                    lambda line: re.search(r"\b\d+/40\b", line) is not None)
+    assert rc == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert lines_after_sigint(stderr) == ["Stopped by the user."], stderr
+    assert stdout.strip() == "" and not list((tmp_path / "out").rglob("*.mp4"))
+    assert_no_worker_left(workers)
