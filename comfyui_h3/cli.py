@@ -286,10 +286,12 @@ def _write_demo_inputs(folder: str) -> None:
 
 
 def workflows_dir() -> Path:
+    """The shipped API-format workflows: example_workflows/api/ (example_workflows/ holds the UI-format twins, which
+    ComfyUI's template browser lists; the API ones sit a level down so it does not list them)."""
     here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "workflows", here / "workflows"):
-        if candidate.is_dir():
-            return candidate
+    candidate = here.parent / "example_workflows" / "api"
+    if candidate.is_dir():
+        return candidate
     import comfyui_h3.workflows as packaged  # installed wheel: package data
 
-    return Path(packaged.__path__[0])
+    return Path(packaged.__path__[0]) / "api"

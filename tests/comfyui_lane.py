@@ -29,7 +29,8 @@ import pytest
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 NO_COMFYUI = "COMFYUI_DIR is unset: point it at a ComfyUI checkout (v0.8.0+) to run this lane"
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOWS = REPO / "workflows"
+TEMPLATES = REPO / "example_workflows"  # UI workflows: what ComfyUI's template browser lists
+WORKFLOWS = TEMPLATES / "api"  # their API-format twins
 LINK_NAME = "comfyui-h3"
 START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 300

@@ -82,7 +82,7 @@ def test_never_overwrites_an_existing_output(tmp_path, tiny_h3_dir):
 
 
 def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
-    wf = os.path.join(REPO, "workflows", "h3_text_to_video.api.json")
+    wf = os.path.join(REPO, "example_workflows", "api", "h3_text_to_video.api.json")
     out = cli("run", wf, "--set", "2.steps=2", "--set", "2.seconds=6", "--set", "1.dtype=\"float32\"",
               "--out-dir", tmp_path / "out", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr
@@ -121,11 +121,12 @@ def test_shipped_ui_workflows_match_their_api_twins():
     from comfyui_h3.registration import NODE_CLASS_MAPPINGS
     from comfyui_h3.workflow_format import ui_to_api
 
-    names = sorted(f[:-9] for f in os.listdir(os.path.join(REPO, "workflows")) if f.endswith(".api.json"))
-    assert names
+    templates = os.path.join(REPO, "example_workflows")  # UI format; their API twins in api/
+    names = sorted(f[:-9] for f in os.listdir(os.path.join(templates, "api")) if f.endswith(".api.json"))
+    assert names == sorted(f[:-5] for f in os.listdir(templates) if f.endswith(".json"))
     for name in names:
-        with open(os.path.join(REPO, "workflows", f"{name}.api.json")) as handle:
+        with open(os.path.join(templates, "api", f"{name}.api.json")) as handle:
             api = json.load(handle)
-        with open(os.path.join(REPO, "workflows", f"{name}.json")) as handle:
+        with open(os.path.join(templates, f"{name}.json")) as handle:
             ui = json.load(handle)
         assert ui_to_api(ui, NODE_CLASS_MAPPINGS) == api, name

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, WORKFLOWS
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, WORKFLOWS
 from headless import NEEDS_BROWSER, run_script
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
@@ -81,7 +81,7 @@ def _browser(comfy, tmp_path, checks: dict) -> dict:
 
 @needs_browser
 def test_mask_draw_says_in_the_node_why_it_shows_no_frames(comfy, tmp_path):
-    seen = _browser(comfy, tmp_path, {"maskStatus": {"workflow": str(WORKFLOWS / "h3_object_removal.json")}})
+    seen = _browser(comfy, tmp_path, {"maskStatus": {"workflow": str(TEMPLATES / "h3_object_removal.json")}})
     status = seen["maskStatus"]
     assert status["withFrames"]["frameCount"] == 130 and not status["withFrames"]["visible"], status
     missing = status["missingFile"]
@@ -89,3 +89,24 @@ def test_mask_draw_says_in_the_node_why_it_shows_no_frames(comfy, tmp_path):
     unlinked = status["unlinked"]
     assert unlinked["visible"] and "connect an H3 Load Video" in unlinked["text"], unlinked
     assert all(view["fits"] for view in status.values()), "the editor spills out of its node"
+
+
+@needs_browser
+def test_the_template_browser_opens_every_template(comfy, tmp_path):
+    """ComfyUI lists the pack's UI workflows (example_workflows/*.json) in its template browser: every card has its
+    thumbnail, no API-format twin is listed, and each opens with all its nodes known and no error."""
+    from comfyui_lane import LINK_NAME
+
+    shipped = {path.stem: path for path in TEMPLATES.glob("*.json")}
+    status, listed = comfy.request("/workflow_templates")
+    assert status == 200 and sorted(listed[LINK_NAME]) == sorted(shipped), listed
+    seen = _browser(comfy, tmp_path, {"templates": {"pack": LINK_NAME}})["templates"]
+    assert sorted(card["name"] for card in seen["cards"]) == sorted(shipped)
+    for card in seen["cards"]:
+        assert card["thumbnail"] == {"width": 350, "height": 350, "complete": True}, card
+    assert sorted(seen["opened"]) == sorted(shipped)
+    for name, view in seen["opened"].items():
+        nodes = json.loads(shipped[name].read_text())["nodes"]
+        assert view["types"] == sorted(n["type"] for n in nodes), (name, view)
+        assert not view["unknown"] and not view["withErrors"], (name, view)
+        assert not view["dialogs"] and not view["errors"], (name, view)

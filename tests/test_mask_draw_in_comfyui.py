@@ -1,7 +1,7 @@
 """H3 Mask Draw (js/mask_draw.js) inside the real ComfyUI frontend, driven in headless Chromium as a user would.
 
 A ComfyUI with this pack (the integration lane's server: tests/comfyui_lane.py) gets a small clip in its input folder;
-tests/js/comfyui_mask_draw_check.mjs opens the page, loads workflows/h3_object_removal.json, points its H3 Load Video
+tests/js/comfyui_mask_draw_check.mjs opens the page, loads example_workflows/h3_object_removal.json, points its H3 Load Video
 at the clip, caps and uncaps the loader's frames, scrubs the editor's timeline, draws a rectangle with the mouse, types
 a grow and (classic canvas) presses Run. Here we judge what it saw: the editor in the node with the clip's frames, the
 drawing in the hidden mask_state widget and the grow in the node's widget, the API prompt and the run, all rasterised
@@ -17,7 +17,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, WORKFLOWS, probe_mp4
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, probe_mp4
 from headless import NEEDS_BROWSER, run_script
 
 from comfyui_h3.backend.media.mask_raster import render_state
@@ -29,7 +29,7 @@ FRAMES, WIDTH, HEIGHT = 124, 192, 96  # H3 Edit wants >= 124 frames; the workflo
 SCRUB_TO = 7
 RECT = (110, 20, 170, 80)  # x0, y0, x1, y1 in video pixels, clear of the workflow's own box
 GROW = 3
-WORKFLOW = WORKFLOWS / "h3_object_removal.json"
+WORKFLOW = TEMPLATES / "h3_object_removal.json"
 
 
 def _grey(t: int) -> int:

@@ -4,6 +4,7 @@
 // usage: node tests/js/comfyui_hardening_check.mjs <chromium> '<config JSON>'
 //   config: {url, checks: [...], screenshot (written on failure), ...per check:}
 //     "maskStatus": {workflow (UI JSON path)}: the Mask Draw editor's status line with frames, a missing file, no link
+//     "templates": {pack}: the template browser's cards of the pack (thumbnails), each opened in turn
 import fs from "node:fs";
 import { chromium } from "playwright-core";
 
@@ -73,7 +74,50 @@ async function maskStatus({ workflow }) {
   return out;
 }
 
-const CHECKS = { maskStatus };
+// -- the template browser opens every template the pack lists --------------------------------------------------------
+async function openPackTemplates(pack) {
+  await page.evaluate(() => window.app.extensionManager.command.execute("Comfy.BrowseTemplates"));
+  await page.getByText(pack, { exact: true }).first().click();
+  await page.waitForFunction(() => document.querySelectorAll("[data-testid^='template-workflow-']").length > 0, null, WAIT);
+}
+
+function cardViews() {
+  return [...document.querySelectorAll("[data-testid^='template-workflow-']")].map((card) => {
+    const img = card.querySelector("img");
+    return { name: card.getAttribute("data-testid").slice("template-workflow-".length),
+      thumbnail: img ? { width: img.naturalWidth, height: img.naturalHeight, complete: img.complete } : null };
+  });
+}
+
+function graphView() {
+  const nodes = window.app.graph.nodes;
+  const dialogs = [...document.querySelectorAll("[role=dialog], [role=alert], .p-toast-message")]
+    .filter((e) => e.offsetParent !== null).map((e) => e.textContent.trim().slice(0, 300));
+  return { types: nodes.map((n) => n.type).sort(),
+    unknown: nodes.filter((n) => !window.LiteGraph.registered_node_types[n.type]).map((n) => n.type),
+    withErrors: nodes.filter((n) => n.has_errors).map((n) => n.type), dialogs };
+}
+
+async function templates({ pack }) {
+  await openPackTemplates(pack);
+  await page.waitForFunction(() => [...document.querySelectorAll("[data-testid^='template-workflow-'] img")]
+    .every((img) => img.complete && img.naturalWidth > 0), null, WAIT).catch(() => {});
+  const cards = await page.evaluate(cardViews);
+  const opened = {};
+  for (const { name } of cards) {
+    if (!(await page.locator(`[data-testid="template-workflow-${name}"]`).isVisible())) await openPackTemplates(pack);
+    const before = result.pageErrors.length;
+    await page.locator(`[data-testid="template-workflow-${name}"]`).click();
+    // the browser closes once the workflow is loaded; then give any error dialog or toast time to show
+    await page.waitForFunction(() => !document.querySelector("[data-testid^='template-workflow-']"), null, WAIT);
+    await page.waitForTimeout(1500);
+    opened[name] = { ...(await page.evaluate(graphView)), errors: result.pageErrors.slice(before) };
+    await page.keyboard.press("Escape");
+  }
+  return { cards, opened };
+}
+
+const CHECKS = { maskStatus, templates };
 
 try {
   await openApp();
