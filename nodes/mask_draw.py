@@ -65,14 +65,16 @@ class H3MaskDraw:
         frame_count = int(clip.get_frame_count())
         width, height = (int(v) for v in clip.get_dimensions())
         state = parse_state(mask_state)
+        stop = services.raise_if_interrupted  # Stop reaches every long loop here (between frames / chunks)
         if mask is not None:
             external = fit_mask(mask, frame_count, height, width)
             if combine == "replace":
-                masks = paint_over(state, external)
+                masks = paint_over(state, external, check=stop)
             else:
-                masks = combine_masks(rasterize_state(state, frame_count, height, width), external, combine)
+                masks = combine_masks(rasterize_state(state, frame_count, height, width, check=stop), external,
+                                      combine)
         else:
-            masks = rasterize_state(state, frame_count, height, width)
-        # Stop reaches a long grow / feather (checked between chunks of frames); a GPU does it when there is one.
-        return (grow_feather_invert(masks, grow, feather, invert, check=services.raise_if_interrupted,
-                                    device="auto"),)
+            masks = rasterize_state(state, frame_count, height, width, check=stop)
+        # grow / feather on ComfyUI's device (a GPU unless it runs with --cpu); headless on a GPU when there is one
+        device = services.comfy_compute_device() or "auto"
+        return (grow_feather_invert(masks, grow, feather, invert, check=stop, device=device),)

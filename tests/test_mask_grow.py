@@ -134,7 +134,8 @@ def test_check_stops_between_chunks(monkeypatch):
     assert len(calls) == 50
 
 
-def test_mask_draw_honours_stop_mid_grow(monkeypatch):
+@pytest.mark.parametrize("stop_at", [3, 40])  # while rasterising (a check every 16 frames), mid grow
+def test_mask_draw_honours_stop(monkeypatch, stop_at):
     monkeypatch.setitem(mask_raster._CHUNK_ELEMENTS, "cpu", 48 * 64)  # one frame per chunk
     services.clear_interrupt()
     real = services.raise_if_interrupted
@@ -142,7 +143,7 @@ def test_mask_draw_honours_stop_mid_grow(monkeypatch):
 
     def stop_after_a_few():
         calls.append(1)
-        if len(calls) == 10:
+        if len(calls) == stop_at:
             services.request_interrupt()  # what POST /interrupt does
         real()
 
@@ -152,7 +153,7 @@ def test_mask_draw_honours_stop_mid_grow(monkeypatch):
     video = H3Video(torch.zeros(200, 48, 64, 3, dtype=torch.uint8), 24)
     with pytest.raises(services.H3Interrupted):
         H3MaskDraw().draw(video, state, grow=40, feather=9)
-    assert len(calls) == 10
+    assert len(calls) == stop_at
     services.clear_interrupt()
     (mask,) = H3MaskDraw().draw(H3Video(torch.zeros(3, 48, 64, 3, dtype=torch.uint8), 24), state, grow=3)
     assert mask.shape == (3, 48, 64) and mask.device.type == "cpu" and mask[0, 8, 8] == 1
@@ -169,3 +170,43 @@ def test_cuda_equals_cpu():
             assert torch.allclose(on_gpu.cpu(), cpu, rtol=0, atol=1e-6)
             auto = grow_feather_invert(m, grow, feather, device="auto")
             assert auto.device.type == "cpu" and torch.allclose(auto, cpu, rtol=0, atol=1e-6)
+
+
+def test_a_busy_gpu_hands_the_work_back(monkeypatch):
+    """Out of memory on the device the masks were moved to: the rest is done where they live, same result."""
+    m = _random_masks("blobs", (6, 20, 24))
+    want = grow_feather_invert(m, 4, 3)
+    real = mask_raster._grow_chunk
+
+    def grow_chunk(x, grow, check):
+        if x.device.type == "meta":
+            raise torch.cuda.OutOfMemoryError("busy")
+        return real(x, grow, check)
+
+    monkeypatch.setattr(mask_raster, "_grow_chunk", grow_chunk)
+    assert torch.equal(grow_feather_invert(m, 4, 3, device="meta"), want)
+
+
+def test_mask_draw_computes_on_comfyuis_device(monkeypatch):
+    import sys
+    import types
+
+    from comfyui_h3.nodes import mask_draw
+
+    fake = types.ModuleType("comfy.model_management")
+    fake.get_torch_device = lambda: torch.device("cpu")
+    monkeypatch.setitem(sys.modules, "comfy.model_management", fake)
+    monkeypatch.delenv("COMFYUI_H3_COMFY", raising=False)
+    assert services.comfy_compute_device() == torch.device("cpu")
+    seen = []
+
+    def spy(masks, grow, feather, invert, *, check=None, device=None):
+        seen.append(device)
+        return masks
+
+    monkeypatch.setattr(mask_draw, "grow_feather_invert", spy)
+    H3MaskDraw().draw(H3Video(torch.zeros(2, 8, 8, 3, dtype=torch.uint8), 24), "", grow=1)
+    monkeypatch.delitem(sys.modules, "comfy.model_management")
+    assert services.comfy_compute_device() is None
+    H3MaskDraw().draw(H3Video(torch.zeros(2, 8, 8, 3, dtype=torch.uint8), 24), "", grow=1)
+    assert seen == [torch.device("cpu"), "auto"]

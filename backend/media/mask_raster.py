@@ -192,14 +192,18 @@ def rasterize_shapes(shapes: list[dict], sw: float, sh: float, width: int, heigh
     return out
 
 
-def rasterize_state(state: Any, frame_count: int, height: int, width: int) -> torch.Tensor:
-    """Hard masks [T, H, W] float32 of the drawing (no grow / feather / invert)."""
+def rasterize_state(state: Any, frame_count: int, height: int, width: int,
+                    check: Callable[[], None] | None = None) -> torch.Tensor:
+    """Hard masks [T, H, W] float32 of the drawing (no grow / feather / invert); `check()` runs every few frames
+    (raise from it to stop)."""
     state = parse_state(state)
     sw, sh = float(state["width"]), float(state["height"])
     out = torch.zeros((frame_count, height, width), dtype=torch.float32)
     cache: dict = {}
     previous_key, previous = None, None
     for t in range(frame_count):
+        if check is not None and t % 16 == 0:
+            check()
         shapes = shapes_at(state, t)
         key = json.dumps(shapes, sort_keys=True)
         if key != previous_key:
@@ -241,14 +245,16 @@ def combine_masks(drawn: torch.Tensor, external: torch.Tensor, mode: str, hard_r
     raise ValueError(f"combine mode must be one of {COMBINE_MODES}, got {mode!r}")
 
 
-def paint_over(state: Any, base: torch.Tensor) -> torch.Tensor:
-    """Paint the drawing's shapes over `base` [T, H, W] (add = 1, eraser = 0)."""
+def paint_over(state: Any, base: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+    """Paint the drawing's shapes over `base` [T, H, W] (add = 1, eraser = 0); `check()` as in rasterize_state."""
     state = parse_state(state)
     frames, height, width = base.shape
     sw, sh = float(state["width"]), float(state["height"])
     out = base.clone()
     cache: dict = {}
     for t in range(frames):
+        if check is not None and t % 16 == 0:
+            check()
         for shape in shapes_at(state, t):
             key = json.dumps(shape, sort_keys=True)
             if key not in cache:
@@ -358,8 +364,8 @@ def grow_feather_invert(masks: torch.Tensor, grow: int = 0, feather: int = 0, in
     """[T, H, W] -> float32 [T, H, W] grown (dilated / eroded by a Euclidean disk), feathered (3 box-blur passes) and
     inverted, per the module rules (definition and method: the comment above). `check()` is called between chunks of
     frames and between chords; raise from it to stop. device: where to compute (None: where `masks` are; "auto":
-    there, or CUDA when the masks are on the CPU and CUDA is available, falling back to the CPU when it runs out of
-    memory). The result is on `masks`' device."""
+    there, or CUDA when the masks are on the CPU and CUDA is available). A device the masks were moved to that runs
+    out of memory hands the rest back to theirs. The result is on `masks`' device."""
     grow, feather = int(grow), int(feather)
     if masks.ndim != 3:
         raise ValueError(f"masks must be [frames, height, width], got {tuple(masks.shape)}")
@@ -378,9 +384,9 @@ def grow_feather_invert(masks: torch.Tensor, grow: int = 0, feather: int = 0, in
         try:
             done = _feather_chunk(_grow_chunk(part.to(compute), grow, check), feather, check)
         except torch.cuda.OutOfMemoryError:
-            if device != "auto" or compute.type == "cpu":
+            if compute == masks.device:
                 raise
-            compute = torch.device("cpu")  # the GPU is busy (a model on it): finish on the CPU
+            compute = masks.device  # the GPU we moved them to is busy (a model on it): finish where they are
             continue
         out[start:start + part.shape[0]] = done.to(out.device)
         start += part.shape[0]

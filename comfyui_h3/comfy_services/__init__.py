@@ -11,6 +11,7 @@ below are the implementation:
 - ``progress``: :class:`ProgressReporter`
 - ``interrupt``: the interrupt flag
 - ``memory``: :func:`free_comfy_device_memory` and the free-memory hook
+- ``device``: :func:`comfy_compute_device`, the device ComfyUI computes on
 - ``models``: model roots, discovery and :func:`resolve_h3_model`
 - ``paths``: input/output/temp directories and the safe resolvers
 
@@ -22,6 +23,7 @@ from ``COMFYUI_H3_MODELS`` (``os.pathsep``-separated), ``./output`` and ``./inpu
 from __future__ import annotations
 
 from ._comfy import ENV_MODE, comfy_available
+from .device import comfy_compute_device
 from .errors import H3Interrupted, H3ModelNotFound, UnsafePathError
 from .interrupt import (clear_interrupt, interrupt_exception_types, interrupt_requested, raise_if_interrupted,
                         request_interrupt)
@@ -38,6 +40,7 @@ __all__ = [
     "H3ModelNotFound",
     "comfy_available",
     "ProgressReporter",
+    "comfy_compute_device",
     "interrupt_requested",
     "raise_if_interrupted",
     "request_interrupt",
