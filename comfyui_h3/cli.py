@@ -11,6 +11,41 @@ from pathlib import Path
 
 DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal", "h3_object_replacement",
                   "h3_inpainting", "h3_extension", "h3_generate_then_extend")
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, unless there is none to show (None, off, an empty list) or the help text
+    already says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if default is None or default is False or default is argparse.SUPPRESS or default == [] \
+                or "default" in text.lower():
+            return text
+        return super()._get_help_string(action)
+
+
+def _device_arg(text: str) -> str:
+    import re
+
+    if not re.fullmatch(DEVICE_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not auto, cpu, cuda or cuda:N")
+    return text
+
+
+def resolve_device(name: str) -> str:
+    """--device -> the engine's device: auto is CUDA when a GPU is visible, else the CPU."""
+    if name == "cpu":
+        return name
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda" if name == "auto" else name
+    if name == "auto":
+        return "cpu"
+    raise ValueError(f"--device {name}: no CUDA GPU is visible to this process; use --device auto or cpu.")
 
 
 def _model_option(p) -> None:
@@ -19,7 +54,7 @@ def _model_option(p) -> None:
 
 def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:
     p.add_argument("--steps", type=int, default=50, help=steps_help)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
     p.add_argument("--video-shift", type=float, default=None,
                    help="Video schedule shift. Default: the model folder's (scheduler/scheduler_config.json; 12 for "
                         "the release).")
@@ -29,7 +64,8 @@ def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).
 
 
 def _device_options(p) -> None:
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", type=_device_arg,
+                   help="auto (the first CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N.")
     p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
                    help="Default: bfloat16 on CUDA, float32 on the CPU.")
 
@@ -40,32 +76,40 @@ def _latents_option(p, what: str = "the final latents") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.",
+                                formatter_class=_HelpFormatter)
+    commands = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("make-tiny", help="Build the tiny MiniMax-H3 test model set (noise-like output).")
+    def command(name: str, **kwargs):
+        return commands.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
+    t = command("make-tiny", help="Build the tiny MiniMax-H3 test model set (noise-like output).")
     t.add_argument("--out", required=True, help="Folder to create.")
-    t.add_argument("--overwrite", action="store_true")
+    t.add_argument("--overwrite", action="store_true", help="Replace the folder when it is not empty.")
 
-    g = sub.add_parser("generate", help="Generate one video (+ audio) from a prompt.")
+    g = command("generate", help="Generate one video (+ audio) from a prompt.")
     _model_option(g)
-    g.add_argument("--prompt", required=True)
+    g.add_argument("--prompt", required=True, help="What happens, and what it sounds like.")
     g.add_argument("--first-frame", help="Image the video starts on (fl2va).")
     g.add_argument("--last-frame", help="Image the video ends on (fl2va).")
     g.add_argument("--reference", action="append", default=[], metavar="FILE",
                    help="Reference image / video / audio file (ref2va), repeatable; order matters.")
     length = g.add_mutually_exclusive_group()
-    length.add_argument("--seconds", type=float, help="Duration in seconds (5-15) at 24 fps.")
-    length.add_argument("--frames", type=int, help="Frame count (snapped up to 17n+5).")
-    g.add_argument("--width", type=int)
-    g.add_argument("--height", type=int)
+    length.add_argument("--seconds", type=float,
+                        help="Duration, 5 to 15 s at 24 fps (default 5): the frame count snaps up to 17n+5 (5 s = "
+                             "124 frames); above 14.375 s the longest valid clip (345 frames) is made.")
+    length.add_argument("--frames", type=int, help="Frame count instead of --seconds, the same rule (snapped up to "
+                                                   "17n+5; 346..360 frames give 345).")
+    g.add_argument("--width", type=int, help="Multiple of 32, with --height. Default: the first frame's aspect, else "
+                                             "16:9 at 768 short edge.")
+    g.add_argument("--height", type=int, help="Multiple of 32, with --width.")
     _sampling_options(g)
     _device_options(g)
     g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
     _latents_option(g)
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
 
-    e = sub.add_parser("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
+    e = command("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
     _model_option(e)
     e.add_argument("--video", required=True, help="Source video (5-15 s are used; 24 fps, 17n+5 frames, /32 size).")
     e.add_argument("--mask", required=True,
@@ -84,18 +128,18 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
     _latents_option(e)
 
-    x = sub.add_parser("extend", help="Continue a video past 15 s, window by window, with its sound.")
+    x = command("extend", help="Continue a video past 15 s, window by window, with its sound.")
     _model_option(x)
     x.add_argument("--video", required=True, help="The video to continue (cut down to 17n+5 frames at 24 fps).")
-    amount = x.add_mutually_exclusive_group()
+    amount = x.add_mutually_exclusive_group(required=True)
     amount.add_argument("--seconds", type=float, help="Seconds to add (rounded up to whole 17-frame chunks).")
     amount.add_argument("--windows", type=int, help="Add this many full windows instead.")
-    x.add_argument("--prompt", action="append", default=[],
+    x.add_argument("--prompt", action="append", required=True,
                    help="What happens next; once for all windows, or repeated once per window.")
     x.add_argument("--window-seconds", type=float, default=None,
                    help="Window length in seconds (snapped to 17n+5 frames, at most 14.375 s); default 277 frames.")
-    x.add_argument("--window-frames", type=int, default=277, help="Window length in frames, 17n+5 (default 277).")
-    x.add_argument("--overlap-frames", type=int, default=22, help="Guide frames per window, 17n+5 (default 22).")
+    x.add_argument("--window-frames", type=int, default=277, help="Window length in frames, 17n+5.")
+    x.add_argument("--overlap-frames", type=int, default=22, help="Guide frames per window, 17n+5.")
     x.add_argument("--audio-mode", default="continue", choices=["continue", "lock"],
                    help="continue: generate the soundtrack on; lock: keep the driving (or the source's) audio.")
     x.add_argument("--driving-audio", default=None, help="Audio file for --audio-mode lock (from the source's start).")
@@ -105,16 +149,17 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
     _latents_option(x, "the latents of the whole result")
 
-    r = sub.add_parser("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
-    r.add_argument("workflow")
+    r = command("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
+    r.add_argument("workflow", help="The workflow file, API format (.api.json); checked as ComfyUI checks a prompt "
+                                    "before anything runs.")
     r.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
                    help="Override an input (VALUE parsed as JSON if it is JSON), repeatable.")
     r.add_argument("--server", help="Submit to a running ComfyUI at this URL instead (POST /prompt).")
     r.add_argument("--out-dir", default=None, help="Where outputs go (default: ComfyUI's or ./output).")
     r.add_argument("--timeout", type=float, default=6 * 3600,
-                   help="With --server: seconds to wait for the workflow (default 6 h).")
+                   help="With --server: seconds to wait for the workflow.")
 
-    d = sub.add_parser("demo", help="Build the tiny model if needed and run the shipped workflows on it.")
+    d = command("demo", help="Build the tiny model if needed and run the shipped workflows on it.")
     d.add_argument("--out-dir", default=None, help="Default: ./output")
     d.add_argument("--steps", type=int, default=None, help="Override the workflows' step count.")
     return p
@@ -166,7 +211,10 @@ def error_line(exc: BaseException) -> str:
 def _make_tiny(args) -> int:
     from .backend.models.tiny import make_tiny_h3
 
-    print(make_tiny_h3(args.out, overwrite=args.overwrite))
+    out = Path(args.out).expanduser()
+    if not args.overwrite and out.is_dir() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty; add --overwrite to replace it, or choose another --out.")
+    print(make_tiny_h3(out, overwrite=args.overwrite))
     return 0
 
 
@@ -180,25 +228,30 @@ def _resolve_model(name: str) -> str:
     return resolve_h3_model(name, allow_explicit_path=True)
 
 
+# generate / edit / extend get the model as a callable: outputs and inputs are checked first, the model folder (the
+# tiny set may need building) only then.
 def _generate(args) -> int:
     from .cli_generate import generate
 
-    return generate(args, _resolve_model(args.model))
+    args.device = resolve_device(args.device)
+    return generate(args, lambda: _resolve_model(args.model))
 
 
 def _edit(args) -> int:
     from .cli_edit import edit
 
-    return edit(args, _resolve_model(args.model))
+    args.device = resolve_device(args.device)
+    return edit(args, lambda: _resolve_model(args.model))
 
 
 def _extend(args) -> int:
     from .backend.pipelines.h3.geometry import frames_for_seconds
     from .cli_extend import extend
 
+    args.device = resolve_device(args.device)
     if args.window_seconds is not None:
         args.window_frames = frames_for_seconds(args.window_seconds)
-    return extend(args, _resolve_model(args.model))
+    return extend(args, lambda: _resolve_model(args.model))
 
 
 def _run(args) -> int:
@@ -207,8 +260,10 @@ def _run(args) -> int:
 
     prompt = apply_overrides(load_workflow(args.workflow), args.set, NODE_CLASS_MAPPINGS)
     if args.server:
+        from .cli_outputs import check_writable
         from .server_client import run_on_server
 
+        check_writable(os.path.join(args.out_dir or "output", "probe"))  # where the results are downloaded to
         files = run_on_server(args.server, prompt, args.out_dir or "output", timeout_s=args.timeout)
     else:
         files = _run_local(prompt, args.out_dir)
@@ -219,10 +274,12 @@ def _run(args) -> int:
 
 def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     from . import comfy_services as services
+    from .cli_outputs import check_writable
     from .workflow_runner import execute
 
     if out_dir:
         os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
+    check_writable(os.path.join(services.output_directory(), "H3", "probe"))  # before the workflow, not after it
     with _ctrl_c_is_stop():
         outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
     root = services.output_directory()

@@ -60,7 +60,8 @@ def build_request(args):
     )
 
 
-def edit(args, model_dir: str) -> int:
+def edit(args, model_dir) -> int:
+    """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .backend.media.save import write_mp4
     from .cli_generate import run_on_engine, save_latents_file
     from .cli_outputs import CliOutputs
@@ -70,7 +71,7 @@ def edit(args, model_dir: str) -> int:
     video = outputs.add(args.out)
     request = build_request(args)
     request.validate()
-    result = run_on_engine(args, model_dir, request, "edit")
+    result = run_on_engine(args, model_dir() if callable(model_dir) else model_dir, request, "edit")
     if result is None:
         return 130
     with outputs:

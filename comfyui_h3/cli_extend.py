@@ -32,7 +32,8 @@ def build_request(args, out_path: str):
         metadata={"comment": "comfyui-h3 extend"})
 
 
-def extend(args, model_dir: str) -> int:
+def extend(args, model_dir) -> int:
+    """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .cli_generate import run_on_engine, save_latents_file
     from .cli_outputs import CliOutputs
     from .extend_job import keep_partial, partial_prefix_for, window_status
@@ -44,6 +45,7 @@ def extend(args, model_dir: str) -> int:
     out = outputs.add(args.out)
     request = build_request(args, out)
     request.validate()
+    model_dir = model_dir() if callable(model_dir) else model_dir
     with outputs:
         request.output_path = outputs.stage(out)  # the worker streams into it and publishes it complete there
         stopped = {}

@@ -38,10 +38,16 @@ def reference_from_file(path: str):
 
 
 def build_request(args):
-    from .backend.pipelines.h3.geometry import FPS
+    from .backend.pipelines.h3.geometry import FPS, MIN_SECONDS, check_duration, frames_for_seconds
     from .backend.pipelines.h3.request import H3Request
 
-    frames = args.frames if args.frames else int(round((args.seconds or 5.0) * FPS))
+    # The node's rule (its widget's 5..15 s, then frames_for_seconds): 14.5 and 15 s give the longest clip (345
+    # frames), not an error; --frames N follows the same rule as N / 24 s.
+    if args.seconds is not None:
+        check_duration(args.seconds)
+    seconds = args.frames / FPS if args.frames is not None else (args.seconds if args.seconds is not None
+                                                                  else MIN_SECONDS)
+    frames = frames_for_seconds(seconds)
     return H3Request(
         prompt=args.prompt, num_frames=frames, width=args.width, height=args.height, steps=args.steps,
         video_shift=args.video_shift, audio_shift=args.audio_shift, seed=args.seed,
@@ -52,7 +58,8 @@ def build_request(args):
     )
 
 
-def generate(args, model_dir: str) -> int:
+def generate(args, model_dir) -> int:
+    """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .backend.media.save import write_mp4
     from .cli_outputs import CliOutputs
 
@@ -65,7 +72,7 @@ def generate(args, model_dir: str) -> int:
         video = outputs.add(args.out) if args.out else outputs.add_numbered("output", "h3", ".mp4")
     request = build_request(args)
     request.validate()
-    result = run_on_engine(args, model_dir, request, "denoise")
+    result = run_on_engine(args, model_dir() if callable(model_dir) else model_dir, request, "denoise")
     if result is None:
         return 130
     with outputs:

@@ -31,7 +31,8 @@ def test_generate_matches_reference_seed_and_writes_mp4(tmp_path, tiny_h3_dir):
     from safetensors.torch import load_file
 
     out = cli("generate", "--model", tiny_h3_dir, "--prompt", "rain on a tin roof", "--frames", 124, "--width", 64,
-              "--height", 96, "--steps", 3, "--seed", 1234, "--out", tmp_path / "clip.mp4", "--save-latents",
+              "--height", 96, "--steps", 3, "--seed", 1234, "--device", "cpu", "--out", tmp_path / "clip.mp4",
+              "--save-latents",
               tmp_path / "lat.safetensors", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr
     latents = load_file(tmp_path / "lat.safetensors")
@@ -95,13 +96,17 @@ def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
 @pytest.mark.parametrize("sets,message", [
     (["3.preset=bogus"], "preset: 'bogus' is not one of"),
     (["3.crf=99"], "crf: 99 is bigger than the maximum 51"),
+    (["2.stepz=20"], "node 2 (H3_Sample) has no input 'stepz'"),
+    (["2.steps=abc"], "steps: 'abc' is not an INT value"),
 ])
 def test_run_refuses_what_comfyui_refuses_before_running(tmp_path, tiny_h3_dir, sets, message):
-    wf = os.path.join(REPO, "workflows", "h3_text_to_video.api.json")
+    from comfyui_h3.cli import workflows_dir
+
+    wf = workflows_dir() / "h3_text_to_video.api.json"
     args = [item for s in sets for item in ("--set", s)]
     out = cli("run", wf, *args, "--out-dir", tmp_path / "out", cwd=tmp_path, cache=tiny_h3_dir.parent, timeout=120)
     assert out.returncode == 2 and message in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1  # and no node ran: no "[1] ..." line
     assert not (tmp_path / "out").exists() or not any(files for _, _, files in os.walk(tmp_path / "out"))
 
 

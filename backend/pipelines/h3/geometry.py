@@ -7,6 +7,7 @@ a multiple of 32; default canvas short edge 768 with area cap 768*1344; aspect 1
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 FPS = 24
@@ -49,12 +50,22 @@ def snap_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: 
 
 def frames_for_seconds(seconds: float, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
     """A duration in 5..15 s -> a valid frame count: snapped up to 17n+5, or, where that would pass 15 s (above
-    14.375 s), the longest valid count (345 frames). Durations outside 5..15 s are left for validation to refuse."""
-    frames = snap_frames(int(round(seconds * FPS)), frames_per_chunk, latents_per_chunk)
+    14.375 s), the longest valid count (345 frames). The one rule for the node's seconds and the CLI's --seconds /
+    --frames (frames / 24). Durations outside 5..15 s are left for validation to refuse (resolve_geometry)."""
+    if not math.isfinite(seconds):
+        raise RequestError(f"The duration must be a finite number of seconds, got {seconds}.")
+    frames = snap_frames(max(1, int(round(seconds * FPS))), frames_per_chunk, latents_per_chunk)
     longest = snap_frames(int(MAX_SECONDS * FPS), frames_per_chunk, latents_per_chunk)
     while longest > MAX_SECONDS * FPS:
         longest -= frames_per_chunk
     return longest if MIN_SECONDS <= seconds <= MAX_SECONDS and frames > longest else frames
+
+
+def check_duration(seconds: float) -> None:
+    """A requested duration must lie in 5..15 s (what the node's seconds widget allows): 4.5 s is refused, not
+    snapped up to 5.17 s."""
+    if not (math.isfinite(seconds) and MIN_SECONDS <= seconds <= MAX_SECONDS):
+        raise RequestError(f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {seconds:g} s.")
 
 
 def latent_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
