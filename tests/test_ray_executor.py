@@ -2,7 +2,8 @@
 
 Two actor ranks equal the single-rank pipeline (final latents <= 1e-4); progress arrives; Stop ends every rank at the
 same step and the next prompt runs; a killed actor becomes an EngineError and the next prompt restarts the group; a
-local Ray the executor started itself is shut down with it; without Ray, choosing it says what to install.
+frozen (SIGSTOPped) actor is an error within the heartbeat bound, and Stop returns within seconds even then; a local
+Ray the executor started itself is shut down with it; without Ray, choosing it says what to install.
 Ray starts once for the module (a local Ray takes seconds to start)."""
 
 import importlib.util
@@ -116,3 +117,68 @@ def test_killed_actor_is_an_error_and_the_group_restarts(engine, ray_cluster):
         engine.generate(small(steps=40), progress=lambda d, t: ray_cluster.kill(victim, no_restart=True))
     assert engine.generate(small(steps=1, decode=False)).video_latents is not None  # a fresh group
     assert victim not in engine._executor._actors
+
+
+def _freeze_on_first_step(pid, stamp):
+    import os
+    import signal
+    import time
+
+    def progress(done, total):
+        if not stamp:
+            stamp.append(time.monotonic())
+            os.kill(pid, signal.SIGSTOP)
+    return progress
+
+
+def _gone(pid, within_s=20.0):
+    import os
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_frozen_actor_is_an_error_within_the_bound_and_the_group_restarts(engine, ray_cluster, monkeypatch):
+    """A SIGSTOPped actor is not dead to Ray: its missing heartbeats are what tell (the bound shortened here)."""
+    import time
+
+    from comfyui_h3.backend.executor.liveness import ENV_WORKER
+
+    monkeypatch.setenv(ENV_WORKER, "4")
+    engine.shutdown()  # the next start reads the bound
+    engine.start()
+    victim = engine._executor._actors[1]
+    pid = ray_cluster.get(victim.ping.remote())
+    frozen = []
+    with pytest.raises(EngineError, match=rf"rank 1 sent no heartbeat for 4 s \({ENV_WORKER}\)") as info:
+        engine.generate(small(steps=40, decode=False), progress=_freeze_on_first_step(pid, frozen))
+    assert "\n" not in str(info.value)
+    assert time.monotonic() - frozen[0] < 4 + 12
+    assert _gone(pid), "the frozen actor is still there"
+    assert engine.generate(small(steps=1, decode=False)).video_latents is not None  # a fresh group
+    assert victim not in engine._executor._actors
+
+
+def test_stop_with_a_frozen_actor_returns_within_seconds(engine, ray_cluster, monkeypatch):
+    import time
+
+    from comfyui_h3.backend.executor.liveness import ENV_WORKER
+
+    monkeypatch.delenv(ENV_WORKER, raising=False)  # the default 60 s bound: it is Stop that must end the wait
+    engine.shutdown()
+    engine.start()
+    pid = ray_cluster.get(engine._executor._actors[0].ping.remote())
+    frozen = []
+    with pytest.raises(EngineCancelled, match="did not answer the Stop"):
+        engine.generate(small(steps=40, decode=False), progress=_freeze_on_first_step(pid, frozen),
+                        should_cancel=lambda: bool(frozen))
+    assert time.monotonic() - frozen[0] < 15
+    assert _gone(pid)
+    assert engine.generate(small(steps=1, decode=False)).video_latents is not None

@@ -14,6 +14,12 @@ The driver waits on the ranks' futures with a short timeout: Stop, progress and 
 noticed within ~0.1 s; a dead rank kills the rest and comes back as WorkerDied. Actors are owned by this driver and
 die with it; a local Ray we started is shut down with the executor.
 
+Liveness, as in the `mp` executor (liveness.py): each rank's heartbeat thread calls the control actor every beat,
+every step boundary counts as progress there, and the driver reads both with each drain (itself bounded: a frozen
+control actor is found too). A Ray actor that is frozen (SIGSTOP, a hung driver call) is not dead to Ray, so the
+watchdog decides: a rank silent past the bound, or a Stop not acknowledged / not honoured in time, kills the group
+(ray.kill also ends a stopped process) and the next run starts a fresh one.
+
 Code on the cluster: the actors import `comfyui_h3` from the driver's path (PYTHONPATH) or from an install on each
 node; `model_dir` must exist on every node that holds a rank.
 """
@@ -26,12 +32,14 @@ import os
 import time
 from typing import Callable, Iterator
 
+from .liveness import BEAT_S, Bounds, Heartbeat, Watchdog, WorkerHung
 from .messages import Done, Failed, Job, Progress, Ready
 from .mp_executor import WorkerDied, WorkerFailed, _package_parent
 
 POLL_S = 0.1
 PLACEMENT_TIMEOUT_S = 120.0  # a cluster that cannot hold every rank fails within this, with what it has
 FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to finish (or be seen dead) before a restart
+CONTROL_TIMEOUT_S = 10.0  # the control actor answers a drain within this, or it is frozen
 LOCAL_ADDRESSES = ("", "local")
 INSTALL_HINT = 'The "ray" executor needs Ray, an optional extra: pip install "comfyui-h3[ray]"'
 
@@ -46,26 +54,35 @@ def import_ray():
 
 class _Control:
     """Actor between the driver and the ranks: rank 0 pushes Progress, the driver drains it; the driver sets Stop,
-    every rank reads it at each step boundary."""
+    every rank reads it at each step boundary (a progress mark of that rank). The ranks' heartbeat threads beat here;
+    a beat while a Stop is pending acknowledges it."""
 
-    def __init__(self):
+    def __init__(self, world: int = 1):
         self._events: list = []
-        self._stop = False
+        self._stop = 0  # the Stop token (the job id), 0: none
+        self._beats, self._marks, self._acks = [0] * world, [0] * world, [0] * world
 
     def push(self, event) -> None:
         self._events.append(event)
 
-    def drain(self) -> list:
+    def drain(self) -> tuple[list, tuple]:
         events, self._events = self._events, []
-        return events
+        return events, (list(self._beats), list(self._marks), list(self._acks))
 
-    def set_stop(self, flag: bool) -> None:
-        self._stop = flag
-        if not flag:
+    def set_stop(self, token: int) -> None:
+        self._stop = int(token)
+        if not token:
             self._events = []
 
-    def stop(self) -> bool:
-        return self._stop
+    def stop(self, rank: int | None = None) -> bool:
+        if rank is not None:
+            self._marks[rank] += 1
+        return bool(self._stop)
+
+    def beat(self, rank: int) -> None:
+        self._beats[rank] += 1
+        if self._stop:
+            self._acks[rank] = self._stop
 
 
 class _RankActor:
@@ -74,6 +91,9 @@ class _RankActor:
     def __init__(self, rank: int, world_size: int, engine_config, control):
         self.rank, self.world_size, self.config, self.control = rank, world_size, engine_config, control
         self.pipeline = None
+        # Beats come from a thread, so a main thread stuck in a device call or a collective still beats; a stopped
+        # process does not. Fire and forget: the driver judges from what reaches the control actor.
+        Heartbeat(lambda: control.beat.remote(rank), lambda token: None, lambda: 0, interval_s=BEAT_S).start()
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it: the rendezvous of the process group (asked of rank 0)."""
@@ -103,10 +123,11 @@ class _RankActor:
 
         from .worker import run_job
 
-        control = self.control
+        control, rank = self.control, self.rank
+        control.stop.remote(rank)  # the job started: a progress mark
 
-        def should_stop() -> bool:
-            return bool(ray.get(control.stop.remote()))
+        def should_stop() -> bool:  # a step boundary: also this rank's progress mark
+            return bool(ray.get(control.stop.remote(rank)))
 
         def emit(event) -> None:  # acknowledged: every step's progress is there before the result is
             ray.get(control.push.remote(event))
@@ -127,8 +148,10 @@ class RayExecutor:
     """Same interface as MpExecutor: start(on_wait) / alive / run(kind, request, should_cancel) / cancel /
     shutdown(timeout) / ready."""
 
-    def __init__(self, config):
+    def __init__(self, config, bounds: Bounds | None = None):
         self.config = config
+        self.bounds = bounds or Bounds.from_env()
+        self._watchdog: Watchdog | None = None
         self._ray = import_ray()  # fails here, with the install hint, when the extra is missing
         self._actors: list = []
         self._control = None
@@ -170,7 +193,7 @@ class RayExecutor:
             env = {"PYTHONPATH": os.pathsep.join(p for p in (parent, os.environ.get("PYTHONPATH")) if p)}
             if self.config.cpu_threads:
                 env["OMP_NUM_THREADS"] = str(self.config.cpu_threads)
-            self._control = ray.remote(num_cpus=0)(_Control).options(runtime_env={"env_vars": env}).remote()
+            self._control = ray.remote(num_cpus=0)(_Control).options(runtime_env={"env_vars": env}).remote(n)
             self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
             if not self._wait([self._pg.ready()], on_wait, PLACEMENT_TIMEOUT_S):
                 raise WorkerFailed(Failed(None, "error", (
@@ -184,6 +207,7 @@ class RayExecutor:
                         placement_group=self._pg, placement_group_bundle_index=rank),
                 ).remote(rank, n, self.config, self._control))
             self._gather([self._control.stop.remote()], on_wait)  # the control actor is up (it imports us too)
+            self._watchdog = Watchdog(n, self.bounds)  # from here every wait also watches the ranks' heartbeats
             master = ("127.0.0.1", 0)
             if n > 1:
                 master = self._get(self._actors[0].address.remote(), on_wait)
@@ -217,7 +241,7 @@ class RayExecutor:
         ray = self._ray
         actors, self._actors = self._actors, []
         control, pg = self._control, self._pg
-        self._control = self._pg = None
+        self._control = self._pg = self._watchdog = None
         self.ready = []
         self._dead = True
         if ray.is_initialized():
@@ -252,47 +276,50 @@ class RayExecutor:
         WorkerFailed / WorkerDied."""
         ray = self._ray
         job = Job(next(self._ids), kind, request)
-        try:
-            ray.get(self._control.set_stop.remote(False))  # before the ranks read it; also drops stale progress
+        try:  # before the ranks read it; also drops stale progress
+            ray.get(self._control.set_stop.remote(0), timeout=CONTROL_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            self._control_frozen()
         except ray.exceptions.RayActorError as exc:
             self._died(["control"], exc)
-        refs = [a.run.remote(job) for a in self._actors]
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        outcomes: dict[int, object] = {}
-        pending = list(refs)
-        cancelled = False
-        grace_until = None
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
-            for ref in done:
-                try:
-                    outcomes[rank_of[ref]] = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    self._died([rank_of[ref]], exc)
-                except ray.exceptions.RayError as exc:  # the call itself failed (e.g. the result did not pickle)
-                    outcomes[rank_of[ref]] = Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}")
-            if grace_until is None and any(isinstance(o, Failed) for o in outcomes.values()) and pending:
-                grace_until = time.monotonic() + FAILURE_GRACE_S
-            try:
-                events = ray.get(self._control.drain.remote())
-            except ray.exceptions.RayActorError as exc:
-                self._died(["control"], exc)
-            for event in events:
-                if isinstance(event, Progress) and event.job_id == job.job_id:
-                    yield event
-            if not cancelled and should_cancel is not None and should_cancel():
-                cancelled = True
-                self.cancel()
-            if grace_until is not None and pending and time.monotonic() > grace_until:
-                # A rank failed and its peers are stuck in a collective: restart the group on next use.
-                self.shutdown(timeout=2.0)
+        self._watchdog.job_started()
+        try:
+            refs = [a.run.remote(job) for a in self._actors]
+            rank_of = {ref: rank for rank, ref in enumerate(refs)}
+            outcomes: dict[int, object] = {}
+            pending = list(refs)
+            cancelled = False
+            grace_until = None
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+                for ref in done:
+                    try:
+                        outcomes[rank_of[ref]] = ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        self._died([rank_of[ref]], exc)
+                    except ray.exceptions.RayError as exc:  # the call itself failed (e.g. the result did not pickle)
+                        outcomes[rank_of[ref]] = Failed(job.job_id, "error", f"{type(exc).__name__}: {exc}")
+                if grace_until is None and any(isinstance(o, Failed) for o in outcomes.values()) and pending:
+                    grace_until = time.monotonic() + FAILURE_GRACE_S
+                for event in self._drain():
+                    if isinstance(event, Progress) and event.job_id == job.job_id:
+                        yield event
+                if not cancelled and should_cancel is not None and should_cancel():
+                    cancelled = True
+                    self._cancel(job.job_id)
+                if grace_until is not None and pending and time.monotonic() > grace_until:
+                    # A rank failed and its peers are stuck in a collective: restart the group on next use.
+                    self.shutdown(timeout=2.0)
+                    raise WorkerFailed(self._first_failure(outcomes))
+            failures = [o for o in outcomes.values() if isinstance(o, Failed)]
+            if failures:
                 raise WorkerFailed(self._first_failure(outcomes))
-        failures = [o for o in outcomes.values() if isinstance(o, Failed)]
-        if failures:
-            raise WorkerFailed(self._first_failure(outcomes))
-        result = outcomes[0]
-        assert isinstance(result, Done), result
-        return result.result
+            result = outcomes[0]
+            assert isinstance(result, Done), result
+            return result.result
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.job_ended()
 
     @staticmethod
     def _first_failure(outcomes: dict) -> Failed:
@@ -306,9 +333,37 @@ class RayExecutor:
         raise WorkerDied(f"{who} died ({type(exc).__name__}); the engine restarts on next use.")
 
     def cancel(self) -> None:
+        self._cancel(-1)
+
+    def _cancel(self, token: int) -> None:
         if self._control is not None:
             with contextlib.suppress(Exception):
-                self._control.set_stop.remote(True)
+                self._control.set_stop.remote(token)
+            if self._watchdog is not None and token > 0:
+                self._watchdog.stop_requested(token)
+
+    def _drain(self) -> list:
+        """The control actor's pending events; its liveness counters go to the watchdog, whose verdict (a frozen
+        rank, an unanswered Stop) kills the group and raises WorkerHung / StopForced."""
+        ray = self._ray
+        try:
+            events, pulse = ray.get(self._control.drain.remote(), timeout=CONTROL_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            self._control_frozen()
+        except ray.exceptions.RayActorError as exc:
+            self._died(["control"], exc)
+        self._watchdog.observe(*pulse)
+        verdict = self._watchdog.check()
+        if verdict is not None:
+            error, message = verdict
+            self.shutdown(timeout=2.0)
+            raise error(message)
+        return events
+
+    def _control_frozen(self) -> None:
+        self.shutdown(timeout=2.0)
+        raise WorkerHung(f"The Ray control actor did not answer within {CONTROL_TIMEOUT_S:g} s (frozen?); all "
+                         "workers were killed and restart on the next run.")
 
     # -- waiting ---------------------------------------------------------------------------------------------------
 
@@ -328,6 +383,8 @@ class RayExecutor:
                     self._died([index[ref]], exc)
             if not pending:
                 break
+            if self._watchdog is not None:
+                self._drain()  # nothing to deliver while starting; a frozen rank is found
             if on_wait is not None:
                 on_wait()
             if deadline is not None and time.monotonic() > deadline:
