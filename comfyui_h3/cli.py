@@ -193,19 +193,19 @@ def _user_facing(exc: BaseException) -> bool:
 
 
 def error_line(exc: BaseException) -> str:
-    """One line for the terminal: an OSError as "<file>: <reason>", anything else its message's first line (a worker's
-    traceback, which follows it, is shown with COMFYUI_H3_DEBUG=1)."""
+    """One line for the terminal: an OSError as "<file>: <reason>", anything else its message with its lines joined
+    (a server's list of node errors stays whole) and a worker's traceback left out (shown with COMFYUI_H3_DEBUG=1)."""
     import errno
 
     if isinstance(exc, OSError) and exc.strerror and type(exc).__str__ is OSError.__str__:
         where = f"{exc.filename}: " if exc.filename else ""
         hint = " (free some space, or write somewhere else)" if exc.errno == errno.ENOSPC else ""
         return f"{where}{exc.strerror}{hint}"
-    text = str(exc).strip()
+    text, _, trace = str(exc).partition("Traceback (most recent call last):")
     if type(exc).__name__ == "SafetensorError":
         text = f"safetensors: {text}"
-    lines = text.splitlines()
-    return (lines[0] if lines else type(exc).__name__) + (" (more with COMFYUI_H3_DEBUG=1)" if len(lines) > 1 else "")
+    line = "; ".join(part.strip() for part in text.splitlines() if part.strip()) or type(exc).__name__
+    return line + (" (the traceback: run again with COMFYUI_H3_DEBUG=1)" if trace else "")
 
 
 def _make_tiny(args) -> int:

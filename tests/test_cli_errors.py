@@ -54,6 +54,22 @@ def test_worker_report_is_one_line_and_its_traceback_is_opt_in(tmp_path, monkeyp
     assert "worker.py" in capsys.readouterr().err
 
 
+def test_multi_line_reports_keep_every_line_on_one(tmp_path, monkeypatch, capsys):
+    import comfyui_h3.cli as cli
+    import comfyui_h3.cli_generate as cli_generate
+
+    def refused(*args, **kwargs):  # how server_client reports a 400 from ComfyUI
+        raise RuntimeError("ComfyUI refused the workflow (Prompt outputs failed validation)\n"
+                           "  node 2 (H3_Sample): Value 0 smaller than min of 1 (steps)\n"
+                           "  node 3 (H3_SaveVideo): Value not in list (preset)")
+
+    monkeypatch.setattr(cli_generate, "run_on_engine", refused)
+    monkeypatch.setattr(cli, "_resolve_model", lambda name: "/nonexistent-model")
+    assert _generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "failed validation); node 2 (H3_Sample): Value 0" in err and "node 3 (H3_SaveVideo)" in err
+
+
 @pytest.mark.parametrize("exc", [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/tiny/model.safetensors"),
                                  PermissionError(errno.EACCES, os.strerror(errno.EACCES), "/out/tiny")])
 def test_make_tiny_write_errors_are_one_line(monkeypatch, capsys, exc):
