@@ -1,13 +1,15 @@
 """Engine: one per loaded model configuration; owns the worker processes, persists across prompts.
 
 `generate()` is the single entry the nodes and the CLI use. The same path serves 1 CPU, 1 GPU and (later) N GPUs.
-Failures come back as EngineError subclasses with a message fit for a node error; a dead worker is detected and the
-engine starts fresh on the next call.
+Failures come back as EngineError subclasses with a one-line message fit for a node error (a worker's traceback goes
+to the `comfyui_h3.worker` log: ComfyUI's console, or the CLI's stderr with COMFYUI_H3_DEBUG=1); a dead or frozen
+worker is detected and the engine starts fresh on the next call.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from typing import Callable
@@ -16,6 +18,9 @@ from .engine_config import EngineConfig
 from .executor.liveness import StopForced, WorkerHung
 from .executor.mp_executor import MpExecutor, WorkerDied, WorkerFailed
 from .pipelines.h3.geometry import RequestError
+
+log = logging.getLogger("comfyui_h3.worker")
+CAUSE_CHARS = 500  # a node error's cause is one line; the whole report is in the log
 
 
 class EngineError(RuntimeError):
@@ -68,7 +73,7 @@ class Engine:
             except StopForced as exc:
                 raise EngineCancelled(str(exc)) from None
             except WorkerFailed as exc:
-                raise EngineError(exc.failure.message) from None
+                raise EngineError(worker_cause(exc.failure)) from None
             except (WorkerDied, WorkerHung) as exc:
                 raise EngineError(str(exc)) from None
             self._executor = executor
@@ -97,8 +102,8 @@ class Engine:
                     self._executor.shutdown(timeout=2.0)
                     self._executor = None
                 if failure.kind == "oom":
-                    raise EngineOutOfMemory(failure.message) from None
-                raise EngineError(f"{failure.message}\n{failure.traceback}") from None
+                    raise EngineOutOfMemory(worker_cause(failure)) from None
+                raise EngineError(worker_cause(failure)) from None
             except StopForced as exc:  # the workers did not stop in time and were killed: still a Stop
                 self._executor = None
                 _discard_stream_temporaries(request)
@@ -113,6 +118,17 @@ class Engine:
             if self._executor is not None:
                 self._executor.shutdown()
                 self._executor = None
+
+
+def worker_cause(failure) -> str:
+    """A worker's failure as the node / CLI shows it: its cause on one line. The whole report (a multi-line message,
+    the worker's traceback) goes to the log, where a developer looks."""
+    if failure.traceback or "\n" in failure.message.strip():
+        log.error("MiniMax-H3 worker failed: %s\n%s", failure.message, failure.traceback.rstrip())
+    cause = " ".join(line.strip() for line in failure.message.splitlines() if line.strip())
+    if len(cause) > CAUSE_CHARS:
+        cause = cause[:CAUSE_CHARS].rstrip() + " ... (the whole report is in the log)"
+    return cause
 
 
 def _discard_stream_temporaries(request) -> None:

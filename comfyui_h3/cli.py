@@ -167,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _show_worker_reports(bool(os.environ.get("COMFYUI_H3_DEBUG")))
     try:
         return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend, "run": _run,
                 "demo": _demo}[args.command](args)
@@ -185,6 +186,20 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {error_line(exc)}", file=sys.stderr)
         return 2
+
+
+def _show_worker_reports(show: bool) -> None:
+    """The engine logs a failed worker's whole report (its traceback) to `comfyui_h3.worker` and raises its cause on
+    one line: the terminal shows the report only with COMFYUI_H3_DEBUG=1."""
+    import logging
+
+    logger = logging.getLogger("comfyui_h3.worker")
+    for handler in [h for h in logger.handlers if getattr(h, "comfyui_h3_cli", False)]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr) if show else logging.NullHandler()
+    handler.comfyui_h3_cli = True
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _user_facing(exc: BaseException) -> bool:

@@ -62,6 +62,61 @@ def test_worker_side_error_leaves_engine_usable(engine):
     assert worker_pid(engine) == pid
 
 
+def test_worker_failure_is_one_line_and_its_traceback_is_logged(engine):
+    """A failure inside the worker (not a request error): the node / CLI error is its cause on one line; the worker's
+    traceback goes to the host's log (logger comfyui_h3.worker); the worker stays."""
+    import logging
+
+    from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
+
+    engine.start()
+    pid = worker_pid(engine)
+    # Audio latents with 5 channels instead of 32 pass the request's checks and fail in the worker's arithmetic.
+    request = H3ExtendRequest(prompts=["x"], added_frames=34, window_frames=56, steps=1,
+                              source_video_latents=torch.zeros(1, 24, 27, 4, 6),
+                              source_audio_latents=torch.zeros(2, 5, 180))
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("comfyui_h3.worker")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate(request)
+    finally:
+        logger.removeHandler(handler)
+    message = str(info.value)
+    assert message.startswith("RuntimeError: The size of tensor a (5) must match"), message
+    assert "\n" not in message and "Traceback" not in message
+    (record,) = records
+    assert record.levelno == logging.ERROR
+    assert "Traceback (most recent call last)" in record.getMessage() and "run_job" in record.getMessage()
+    assert worker_pid(engine) == pid
+
+
+def test_cli_shows_a_worker_report_only_with_debug(capsys):
+    import logging
+
+    from comfyui_h3.backend.engine import worker_cause
+    from comfyui_h3.backend.executor.messages import Failed
+    from comfyui_h3.cli import _show_worker_reports
+
+    failure = Failed(1, "error", "RuntimeError: Error(s) in loading:\n\tsize mismatch for w", 'File "w.py", line 1')
+    logger = logging.getLogger("comfyui_h3.worker")
+    try:
+        _show_worker_reports(False)
+        assert worker_cause(failure) == "RuntimeError: Error(s) in loading: size mismatch for w"
+        assert capsys.readouterr().err == ""
+        _show_worker_reports(True)
+        worker_cause(failure)
+        assert 'File "w.py", line 1' in capsys.readouterr().err
+        assert worker_cause(Failed(1, "error", "x" * 900)).endswith("... (the whole report is in the log)")
+    finally:
+        for handler in [h for h in logger.handlers if getattr(h, "comfyui_h3_cli", False)]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def test_stop_cancels_at_a_step_boundary(engine):
     done = []
     with pytest.raises(EngineCancelled):
