@@ -125,28 +125,36 @@ def watch(world=2, **bounds):
     return Watchdog(world, Bounds(**{"heartbeat_s": 10, "progress_s": 30, "stop_s": 20, **bounds}), clock), clock
 
 
-def test_watchdog_gives_a_starting_worker_the_startup_bound_then_the_heartbeat_bound():
+def loaded(world=2, **bounds):
+    dog, clock = watch(world, **bounds)
+    dog.loaded()
+    return dog, clock
+
+
+def test_watchdog_gives_starting_workers_the_startup_bound_then_the_heartbeat_bound():
     dog, clock = watch()
     dog.observe([0, 0], [0, 0], [0, 0])
-    clock.t += 200  # importing torch on a busy machine: no beat yet, still fine
-    assert dog.check() is None
+    clock.t += 200  # importing torch, loading weights on a busy machine: no beat for a while, still fine
     dog.observe([1, 0], [0, 0], [0, 0])
-    clock.t += 101  # rank 1 never beat in 301 s
+    assert dog.check() is None
+    clock.t += 101  # rank 1 silent for 301 s while loading
     dog.observe([2, 0], [0, 0], [0, 0])
     kind, message = dog.check()
     assert kind is WorkerHung and "rank 1 sent no heartbeat for 300 s" in message
     dog, clock = watch()
     dog.observe([1, 1], [0, 0], [0, 0])
+    dog.loaded()
     clock.t += 9
     dog.observe([2, 1], [0, 0], [0, 0])
     assert dog.check() is None
     clock.t += 2  # rank 1 silent 11 s > 10 s
     kind, message = dog.check()
     assert kind is WorkerHung and "rank 1 sent no heartbeat for 10 s" in message and ENV_WORKER in message
+    assert "\n" not in message
 
 
 def test_watchdog_progress_bound_applies_to_jobs_only():
-    dog, clock = watch()
+    dog, clock = loaded()
     for t in range(40):  # beating, idle between jobs: fine however long
         clock.t += 1
         dog.observe([t + 1, t + 1], [0, 0], [0, 0])
@@ -159,7 +167,7 @@ def test_watchdog_progress_bound_applies_to_jobs_only():
     assert kind is WorkerHung and "rank 1 made no step progress for 30 s" in message
     dog.job_ended()
     assert dog.check() is None
-    off, clock = watch(progress_s=0)
+    off, clock = loaded(progress_s=0)
     off.job_started()
     for t in range(100):
         clock.t += 1
@@ -168,7 +176,7 @@ def test_watchdog_progress_bound_applies_to_jobs_only():
 
 
 def test_watchdog_stop_needs_an_acknowledgement_then_a_boundary():
-    dog, clock = watch()
+    dog, clock = loaded()
     dog.observe([1, 1], [1, 1], [0, 0])
     dog.job_started()
     dog.stop_requested(7)
@@ -179,7 +187,7 @@ def test_watchdog_stop_needs_an_acknowledgement_then_a_boundary():
     dog.observe([3, 2], [1, 1], [7, 0])
     kind, message = dog.check()
     assert kind is StopForced and "rank 1 did not answer the Stop within 5 s" in message
-    dog, clock = watch()
+    dog, clock = loaded()
     dog.job_started()
     dog.stop_requested(7)
     for _ in range(20):  # both acknowledge and keep beating, but the step never ends
@@ -190,7 +198,7 @@ def test_watchdog_stop_needs_an_acknowledgement_then_a_boundary():
     dog.observe([int(clock.t)] * 2, [1, 1], [7, 7])
     kind, message = dog.check()
     assert kind is StopForced and "within 20 s of the Stop" in message and ENV_STOP in message
-    stale, clock = watch()
+    stale, clock = loaded()
     stale.job_started()
     stale.stop_requested(8)  # an acknowledgement of an earlier job's Stop does not count
     clock.t += 6

@@ -12,7 +12,8 @@ A rank reports three counters, read by the driver without any lock a frozen work
 bound); the executors kill the whole group, which restarts on next use. The bounds come from the environment so a
 ComfyUI user (and the tests) can set them without a new node input:
 
-  COMFYUI_H3_WORKER_TIMEOUT_S    a rank silent this long is hung (default 60; no beat yet: max(this, 300) for start)
+  COMFYUI_H3_WORKER_TIMEOUT_S    a rank silent this long is hung (default 60; while the ranks start and load:
+                                 max(this, 300), as imports and weight loading may hold the GIL for a while)
   COMFYUI_H3_PROGRESS_TIMEOUT_S  a rank with no step boundary this long in a job is stuck (default 1800; 0: off).
                                  Longer than the slowest legitimate step, decode or encode of your largest job.
   COMFYUI_H3_STOP_TIMEOUT_S      after Stop, how long the ranks may take to reach a step boundary (default 60)
@@ -97,6 +98,10 @@ class Watchdog:
         self.job_since: float | None = None
         self.stop_since: float | None = None
         self.stop_token = 0
+        self.loading = True  # until every rank is Ready: the startup bound
+
+    def loaded(self) -> None:
+        self.loading = False
 
     def job_started(self) -> None:
         now = self.clock()
@@ -125,8 +130,8 @@ class Watchdog:
     def check(self) -> tuple[type, str] | None:
         """(WorkerHung | StopForced, message) when the group must be killed, else None."""
         now, b = self.clock(), self.bounds
-        silent = [r for r in range(self.world)
-                  if now - self._beat_at[r] > (b.heartbeat_s if self._beat[r] else b.startup_s)]
+        bound = b.startup_s if self.loading else b.heartbeat_s
+        silent = [r for r in range(self.world) if now - self._beat_at[r] > bound]
         if self.stop_since is not None:
             waited = now - self.stop_since
             unacked = [r for r in range(self.world) if self._acks[r] != self.stop_token]
@@ -138,7 +143,6 @@ class Watchdog:
                 return StopForced, (f"Stopped: the workers did not reach a step boundary within {b.stop_s:g} s of "
                                     f"the Stop ({ENV_STOP}), so they were killed; they restart on the next run.")
         if silent:
-            bound = b.heartbeat_s if all(self._beat[r] for r in silent) else b.startup_s
             return WorkerHung, (f"Worker {_ranks(silent)} sent no heartbeat for {bound:g} s ({ENV_WORKER}): "
                                 "frozen (a stopped process or a hung driver); all workers were killed and restart on "
                                 "the next run.")

@@ -150,6 +150,7 @@ class MpExecutor:
             elif isinstance(msg, Failed):
                 self.shutdown()
                 raise WorkerFailed(msg)
+        self._watchdog.loaded()
 
     def _next_event(self, on_wait: Callable[[], None] | None = None):
         while True:

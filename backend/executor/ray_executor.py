@@ -216,6 +216,7 @@ class RayExecutor:
                 if isinstance(msg, Failed):
                     raise WorkerFailed(msg)
                 self.ready.append(msg)
+            self._watchdog.loaded()
         except BaseException:
             self.shutdown(timeout=2.0)
             raise

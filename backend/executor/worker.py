@@ -5,7 +5,7 @@ start-up part (`setup_rank`: threads, process group, pipeline) are shared by bot
 `mp` process loop, `ray_executor._RankActor` the Ray actor. A job's failure never kills the worker: it is reported
 (OOM as its own kind, with the cache emptied) and the worker goes on. Cancellation is a flag the driver sets; the
 pipeline checks it at every denoise-step boundary, and with several ranks all-reduces it so every rank stops at the
-same boundary.
+same boundary. A heartbeat thread and the step boundaries report the rank's liveness to the driver (liveness.py).
 """
 
 from __future__ import annotations
