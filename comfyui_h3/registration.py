@@ -47,3 +47,24 @@ register_routes()
 # The shipped workflows' sample inputs into ComfyUI's input folder (a file a user has there is never replaced).
 if services.comfy_available():
     install_sample_inputs(services.input_directory())
+
+
+def prewarm_workers() -> None:
+    """Start the workers' forkserver while ComfyUI starts, so the first H3 prompt does not wait ~7 s for torch,
+    diffusers and transformers to import in a new process (backend/executor/mp_executor.py). It holds no model and
+    no device memory. COMFYUI_H3_PREWARM=0 turns it off; any failure only costs that time back."""
+    import logging
+    import os
+
+    if os.environ.get("COMFYUI_H3_PREWARM", "1") == "0":
+        return
+    try:
+        from .backend.executor.mp_executor import prewarm
+
+        prewarm()
+    except Exception as exc:  # noqa: BLE001 - never let a speed-up stop ComfyUI from loading the pack
+        logging.getLogger("comfyui_h3").warning("comfyui-h3: worker prewarm skipped (%s: %s)", type(exc).__name__, exc)
+
+
+if services.comfy_available():
+    prewarm_workers()

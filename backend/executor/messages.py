@@ -23,6 +23,7 @@ class Ready:
     rank: int
     load_s: float
     device: str
+    preloaded: bool = False  # forked from the forkserver with worker_preload's imports already done
 
 
 @dataclass

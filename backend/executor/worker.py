@@ -34,7 +34,14 @@ def setup_rank(rank: int, world_size: int, engine_config, master_addr: str = "12
     if world_size > 1:
         _init_process_group(rank, world_size, device, master_addr, master_port or engine_config.master_port)
     pipeline = engine_config.build_pipeline(rank, device=device)
-    return pipeline, Ready(rank, time.perf_counter() - t0, device)
+    return pipeline, Ready(rank, time.perf_counter() - t0, device, preloaded=_preloaded())
+
+
+def _preloaded() -> bool:
+    import sys
+
+    preload = sys.modules.get(__package__ + ".worker_preload")
+    return preload is not None and not preload.failed
 
 
 def load_failure(exc: BaseException):
@@ -90,22 +97,25 @@ def leave_terminal_signals() -> None:
             pass
 
 
-def worker_main(rank: int, world_size: int, engine_config, commands, events, shared, parent_pid: int,
-                master_port: int = 0, heartbeat_s: float = 60.0) -> None:
+def worker_main(rank: int, world_size: int, engine_config, commands, events, shared, master_port: int = 0,
+                heartbeat_s: float = 60.0) -> None:
     """The `mp` executor's process: beat, load, report Ready (or Failed), then serve Jobs from `commands`.
     `shared`: mp_executor.SharedCounters (this rank's heartbeat, step marks and Stop acknowledgement; the Stop token)."""
+    import multiprocessing
     import queue
 
     from .liveness import Heartbeat
     from .messages import Failed, Job, Shutdown
 
     leave_terminal_signals()
+    host = multiprocessing.parent_process()  # the process that started us (its sentinel, not our parent pid: a
+    # forkserver, not the host, is the parent of a forked worker)
 
     def orphaned() -> bool:
         # A host killed without running its exit hooks (SIGKILL, a container stop) must not leave a 60 GB model
-        # resident: the worker notices its parent is gone and exits (at a step boundary, or through the heartbeat
+        # resident: the worker notices its host is gone and exits (at a step boundary, or through the heartbeat
         # thread when the main thread is stuck).
-        return os.getppid() != parent_pid
+        return host is not None and not host.is_alive()
 
     def beat() -> None:
         shared.beats[rank] += 1

@@ -1,0 +1,44 @@
+"""Imported once by the `mp` executor's forkserver (mp_executor.prewarm): what every worker rank imports before it
+can load a model, so that forked workers start with it in memory (~7 s of imports on a 2-core machine, torch and
+diffusers' import of torch._dynamo the largest). Nothing here allocates on a device or reads a model file.
+
+A failure to import any of it only costs that time back in the worker: the forkserver must never die of it.
+"""
+
+import importlib
+import os
+
+# The host put the package's folder on this process's PYTHONPATH only so this import could be found (the
+# forkserver does not take the host's sys.path on Python < 3.13): take it out of the environment the workers and
+# anything they start inherit (each worker gets the host's sys.path when it starts).
+_added = os.environ.pop("COMFYUI_H3_PRELOAD_PATH", None)
+if _added:
+    _kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _added]
+    if _kept:
+        os.environ["PYTHONPATH"] = os.pathsep.join(_kept)
+    else:
+        os.environ.pop("PYTHONPATH", None)
+
+_MODULES = (
+    "torch",
+    "torch.distributed",
+    "av",
+    # the libraries' classes a worker loads (their packages resolve these lazily, on first attribute access)
+    "diffusers.models.autoencoders.autoencoder_kl_minimax_h3",
+    "diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio",
+    "transformers.models.qwen3_vl.modeling_qwen3_vl",
+    "transformers.models.qwen3_vl.processing_qwen3_vl",
+    "transformers.models.qwen2.tokenization_qwen2",
+    # ours (relative to this package: comfyui_h3.backend.executor -> comfyui_h3.backend)
+    ".worker",
+    "..pipelines.h3.pipeline",
+    "..pipelines.h3.components",
+)
+
+loaded, failed = [], []
+for _name in _MODULES:
+    try:
+        importlib.import_module(_name, __package__ if _name.startswith(".") else None)
+        loaded.append(_name)
+    except Exception as exc:  # noqa: BLE001 - a library version without one of these: the worker imports it itself
+        failed.append(f"{_name}: {type(exc).__name__}: {exc}")
