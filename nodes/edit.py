@@ -25,11 +25,24 @@ def mask_to_array(mask) -> np.ndarray:
     return m.clamp(0.0, 1.0).numpy()
 
 
+def edit_summary(preset: str, result) -> str:
+    """What the edit resolved (preset values, size), shown in the node when it is done."""
+    info = result.edit or {}
+    return (f"preset {preset}: grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
+            f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "
+            f"{info.get('num_frames')} frames")
+
+
 class H3Edit:
     CATEGORY = "H3"
     FUNCTION = "edit"
     RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
     RETURN_NAMES = ("video", "audio", "latents")
+    OUTPUT_TOOLTIPS = (
+        "The edited video (at the edit size: 24 fps, 17n+5 frames, multiples of 32) with its soundtrack.",
+        "The soundtrack of the edit (kept, blended or regenerated, as audio_mode says).",
+        "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
+    )
     DESCRIPTION = ("Edit a video with MiniMax-H3: regenerate what the mask covers (white = regenerate, black = keep) "
                    "following the prompt, and keep everything else as the source. Presets: "
                    + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()) + ".")
@@ -103,12 +116,8 @@ class H3Edit:
             audio_level=None if audio_level < 0 else audio_level,
             mask_grow=None if mask_grow < 0 else mask_grow, mask_feather=None if mask_feather < 0 else mask_feather,
         )
-        result = run_engine(engine, request, steps, unique_id)
-        info = result.edit or {}
-        summary = (f"preset {preset}: grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
-                   f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "
-                   f"{info.get('num_frames')} frames")
+        result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r))
         out = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
-        return {"ui": {"text": [summary]},
+        return {"ui": {"text": [edit_summary(preset, result)]},
                 "result": (out, waveform_to_audio(result.audio, result.sample_rate),
                            H3Latents(result.video_latents, result.audio_latents, result.fps))}

@@ -31,6 +31,10 @@ class H3Extend:
     FUNCTION = "extend"
     RETURN_TYPES = ("VIDEO", "H3_LATENTS")
     RETURN_NAMES = ("video", "latents")
+    OUTPUT_TOOLTIPS = (
+        "The whole result, source + continuation, with its sound (read from the file it was streamed into).",
+        "The latents of the whole result: connect another H3 Extend to continue further.",
+    )
     DESCRIPTION = ("Continue a video with MiniMax-H3 past 15 s: each window sees the last frames and sound of what "
                    "exists as frozen guide rows on one continuous timeline, so motion and music carry on. Connect a "
                    "video, or the latents of an earlier H3 node (nothing re-encoded).")
@@ -110,18 +114,23 @@ class H3Extend:
             driving_audio=drive[0] if drive else None, driving_sample_rate=drive[1] if drive else None, **source)
         try:
             result = run_engine(engine, request, steps, unique_id, status=window_status(steps),
-                                on_cancelled=_keep_what_finished)
+                                on_cancelled=_keep_what_finished, summary=extend_summary)
         finally:
             release_placeholder(path)  # reserved but never published (an error, or Stop before any window)
-        info = result.extend or {}
         clip = H3FileVideo(path)
-        summary = (f"{info.get('source_frames')} + {info.get('added_frames')} frames = "
-                   f"{info.get('total_frames')} ({info.get('total_frames', 0) / FPS:.2f} s) in "
-                   f"{len(info.get('windows', []))} windows; {info.get('width')}x{info.get('height')}")
-        if info.get("given_frames", 0) > info.get("source_frames", 0):
-            summary += f"; source cut from {info['given_frames']} to {info['source_frames']} frames (17n+5)"
-        return {"ui": {"text": [summary]},
+        return {"ui": {"text": [extend_summary(result)]},
                 "result": (clip, H3Latents(result.video_latents, result.audio_latents, result.fps))}
+
+
+def extend_summary(result) -> str:
+    """Frames before and after, windows and size: shown in the node when it is done (it replaces the window status)."""
+    info = result.extend or {}
+    summary = (f"{info.get('source_frames')} + {info.get('added_frames')} frames = "
+               f"{info.get('total_frames')} ({info.get('total_frames', 0) / FPS:.2f} s) in "
+               f"{len(info.get('windows', []))} windows; {info.get('width')}x{info.get('height')}")
+    if info.get("given_frames", 0) > info.get("source_frames", 0):
+        summary += f"; source cut from {info['given_frames']} to {info['source_frames']} frames (17n+5)"
+    return summary
 
 
 def _source_fields(video, latents) -> dict:

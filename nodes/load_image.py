@@ -31,6 +31,7 @@ class H3LoadImage:
     FUNCTION = "load"
     RETURN_TYPES = ("IMAGE",)
     RETURN_NAMES = ("image",)
+    OUTPUT_TOOLTIPS = ("The image as IMAGE [1, height, width, 3] float 0..1 (EXIF orientation applied).",)
     DESCRIPTION = "Load an image from the input folder, e.g. a first/last frame or a reference."
 
     @classmethod

@@ -141,16 +141,15 @@ class H3LoadVideo:
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, video=None, path=None):
-        # Declaring `video` here also lets a `path` stand in for a name missing from the list.
-        video = video if isinstance(video, str) else ""
-        path = path if isinstance(path, str) else ""
-        if not video and not path:
-            return True  # linked inputs: checked when the node runs
+    def VALIDATE_INPUTS(cls, video=None):
+        # Names only `video` (ComfyUI reports a refusal once per input named here, and skips its own list check for
+        # them): a name from the list, or any file in the input folder. `path` is checked when the node runs.
+        if not isinstance(video, str) or not video:
+            return True  # linked, or empty (a `path` given instead): checked when the node runs
         try:
-            resolve_video_path(video, path)
+            services.resolve_input_path(video, must_exist=True)
         except (ValueError, FileNotFoundError) as exc:
-            return f"Video not found in the input folder: {path or video} ({exc})"
+            return f"Video not found in the input folder: {video} ({exc}). Pick one in the list or upload it."
         return True
 
     @classmethod

@@ -23,6 +23,8 @@ class H3ModelLoader:
     FUNCTION = "load"
     RETURN_TYPES = ("H3_ENGINE",)
     RETURN_NAMES = ("engine",)
+    OUTPUT_TOOLTIPS = ("The engine handle for H3 Sample / Edit / Extend: the model loads (and its workers start) on "
+                       "first use and stays loaded across prompts.",)
     DESCRIPTION = "Choose a MiniMax-H3 model folder and the device/precision to run it on."
 
     @classmethod

@@ -25,6 +25,11 @@ class H3Sample:
     FUNCTION = "sample"
     RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
     RETURN_NAMES = ("video", "audio", "latents")
+    OUTPUT_TOOLTIPS = (
+        "The generated video (uint8 frames at 24 fps) with its soundtrack: to H3 Save Video, or core video nodes.",
+        "The soundtrack alone (AUDIO, 32 kHz stereo), as long as the video.",
+        "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
+    )
     DESCRIPTION = ("Generate a video with sound with MiniMax-H3. Connect a first/last frame for keyframe-to-video, "
                    "or reference images/video/audio for reference-to-video.")
 
@@ -97,10 +102,12 @@ class H3Sample:
                 H3Latents(result.video_latents, result.audio_latents, result.fps))
 
 
-def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None):
+def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None):
     """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors.
-    `status(done, total)` -> a text shown on the node with each step; `on_cancelled(EngineCancelled)` -> the message
-    of the interrupt raised on Stop (e.g. naming what was kept)."""
+    `status(done, total)` -> a text shown on the node with each step; `summary(result)` -> the text shown on the node
+    when the run is done (ComfyUI's frontend shows this progress text in the node itself; a node's ui "text" output
+    it shows only for its own nodes); `on_cancelled(EngineCancelled)` -> the message of the interrupt raised on Stop
+    (e.g. naming what was kept)."""
     try:  # the checks VALIDATE_INPUTS leaves (inputs that fit together), before any engine is made or memory freed
         request.validate()
     except RequestError as exc:
@@ -124,7 +131,7 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         return stop["requested"] or services.interrupt_requested()
 
     try:
-        return engine.generate(request, progress=progress, should_cancel=should_cancel)
+        result = engine.generate(request, progress=progress, should_cancel=should_cancel)
     except EngineCancelled as exc:
         message = on_cancelled(exc) if on_cancelled is not None else "Stopped by the user."
         raise services.interrupt_exception_types()[-1](message) from None
@@ -132,3 +139,6 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         raise ValueError(str(exc)) from None
     except EngineError as exc:
         raise RuntimeError(f"MiniMax-H3 failed: {exc}") from None
+    if summary is not None:
+        reporter.set_text(summary(result))
+    return result

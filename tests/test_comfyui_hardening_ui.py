@@ -1,6 +1,7 @@
 """What a ComfyUI user meets first, in a real ComfyUI (the integration lane: tests/comfyui_lane.py; skipped without
 COMFYUI_DIR): the shipped workflows' sample inputs are in a fresh input folder; out-of-range widget values are refused
-at queue time, never run."""
+at queue time, never run, and each refusal is reported once, on its input; the template browser opens every shipped
+template; the Mask Draw editor says why it shows no frames."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def test_out_of_range_mask_draw_values_get_a_400(comfy, name, value, error):
     assert [(e["type"], e["extra_info"]["input_name"]) for e in errors] == [(error, name)], errors
     status, queue = comfy.request("/queue")
     assert status == 200 and not queue["queue_running"] and not queue["queue_pending"]
+
+
+@pytest.mark.parametrize("workflow,class_type,name,value,message", [
+    ("h3_text_to_video", "H3_Sample", "prompt", "  ", "prompt is empty"),  # was reported 4 times
+    ("h3_object_removal", "H3_MaskDraw", "mask_state", "{oops", "not valid JSON"),  # was reported 6 times
+    ("h3_object_removal", "H3_LoadVideo", "video", "no_such_clip.mp4", "Video not found"),  # was reported twice
+    ("h3_object_removal", "H3_Edit", "prompt", "", "prompt is empty"),
+])
+def test_a_validation_error_is_reported_once_on_its_input(comfy, workflow, class_type, name, value, message):
+    prompt = json.loads((WORKFLOWS / f"{workflow}.api.json").read_text())
+    # Only the Save Video output: with a valid Mask Preview beside it, ComfyUI would queue the prompt and run that.
+    prompt = {k: v for k, v in prompt.items() if v["class_type"] != "H3_MaskPreview"}
+    node = _node(prompt, class_type)
+    prompt[node]["inputs"][name] = value
+    status, reply = _queue(comfy, prompt)
+    assert status == 400, (status, reply)
+    errors = reply["node_errors"][node]["errors"]
+    assert len(errors) == 1 and errors[0]["extra_info"]["input_name"] == name, errors
+    assert message in errors[0]["details"], errors
 
 
 def needs_browser(test):
@@ -110,3 +130,45 @@ def test_the_template_browser_opens_every_template(comfy, tmp_path):
         assert view["types"] == sorted(n["type"] for n in nodes), (name, view)
         assert not view["unknown"] and not view["withErrors"], (name, view)
         assert not view["dialogs"] and not view["errors"], (name, view)
+
+
+def _overlapping(boxes: list) -> list:
+    """Pairs of (name, [x, y, w, h]) boxes that overlap."""
+    out = []
+    for i, (a, (ax, ay, aw, ah)) in enumerate(boxes):
+        for b, (bx, by, bw, bh) in boxes[i + 1:]:
+            if ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah:
+                out.append((a, b))
+    return out
+
+
+@needs_browser
+@pytest.mark.parametrize("vue_nodes", [False, True], ids=["canvas", "vue-nodes"])
+def test_shipped_workflows_lay_out_without_overlaps(comfy, tmp_path, vue_nodes):
+    """At the sizes the real frontend gives the nodes (title bars included; the Vue renderer's own elements), no node
+    of a shipped workflow covers another; and each is saved as big as its content asks, so the frontend does not
+    grow it over its neighbours (it did: Load Video / Load Image over the Model Loader's executor and ray_address)."""
+    files = sorted(TEMPLATES.glob("*.json"))
+    seen = _browser(comfy, tmp_path, {"layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes}})
+    for path in files:
+        nodes = seen["layout"][str(path)]
+        key = "dom" if vue_nodes else "box"
+        assert all(n[key] for n in nodes), (path.name, nodes)
+        assert not _overlapping([(n["type"], n[key]) for n in nodes]), (path.name, [(n["type"], n[key]) for n in nodes])
+        if not vue_nodes:
+            saved = {n["id"]: n["size"] for n in json.loads(path.read_text())["nodes"]}
+            for n in nodes:
+                assert saved[n["id"]][1] >= n["wants"][1] - 1, (path.name, n["type"], saved[n["id"]], n["wants"])
+
+
+@needs_browser
+def test_edit_shows_what_it_resolved_in_the_node(comfy, tmp_path):
+    """H3 Edit's summary (the preset's grow / feather / audio, the edit size) appears in the node after a run (the
+    tiny model, 1 step), inside the room the layout keeps for it."""
+    seen = _browser(comfy, tmp_path, {"editSummary": {"workflow": str(TEMPLATES / "h3_object_removal.json"),
+                                                      "steps": 1}})["editSummary"]
+    assert seen["value"].startswith("preset removal: grow 32 px, feather 16 px, audio "), seen["value"]
+    assert seen["onPage"], "the summary is not shown on the page"
+    sizes = {n["type"]: n["size"] for n in seen["before"]}
+    assert [n["size"] for n in seen["after"] if n["type"] == "H3_Edit"] == [sizes["H3_Edit"]], "H3 Edit grew"
+    assert not _overlapping([(n["type"], n["box"]) for n in seen["after"]]), seen["after"]

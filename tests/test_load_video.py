@@ -339,9 +339,11 @@ def test_load_video_node_outputs_fingerprint_and_safety(tmp_path, monkeypatch):
     out = H3LoadVideo().load("a.mp4", 0.0, 0, 0, 1, 0.0, "none", "crop", 1344, 768, "keep", path="clips/b.mp4")
     assert out[3] == 6 and out[1] is None
     assert H3LoadVideo.VALIDATE_INPUTS(video="a.mp4") is True
-    assert H3LoadVideo.VALIDATE_INPUTS(video="a.mp4", path="clips/b.mp4") is True
-    assert H3LoadVideo.VALIDATE_INPUTS(video="a.mp4", path="../../etc/passwd") is not True
+    assert H3LoadVideo.VALIDATE_INPUTS(video="clips/b.mp4") is True  # any file in the input folder
+    assert H3LoadVideo.VALIDATE_INPUTS(video="../../etc/passwd") is not True
     assert H3LoadVideo.VALIDATE_INPUTS(video="missing.mp4") is not True
+    with pytest.raises((UnsafePathError, ValueError)):  # a path is checked when the node runs
+        H3LoadVideo().load("a.mp4", path="../../etc/passwd")
     with pytest.raises((UnsafePathError, ValueError)):
         H3LoadVideo().load("../../etc/passwd")
 

@@ -39,7 +39,7 @@ def test_loads_by_path_like_comfyui_without_shadowing_its_nodes_module(tmp_path)
     assert os.path.isdir(os.path.join(REPO, info["web"]))
 
 
-def test_every_input_has_a_tooltip_and_ids_have_the_pack_prefix():
+def test_every_input_and_output_has_a_tooltip_and_ids_have_the_pack_prefix():
     from comfyui_h3.registration import NODE_CLASS_MAPPINGS
 
     for node_id, cls in NODE_CLASS_MAPPINGS.items():
@@ -48,7 +48,26 @@ def test_every_input_has_a_tooltip_and_ids_have_the_pack_prefix():
         for section in ("required", "optional"):
             for name, value in spec.get(section, {}).items():
                 assert len(value) > 1 and value[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+        tips = getattr(cls, "OUTPUT_TOOLTIPS", None if cls.RETURN_TYPES else ())  # (an output node may have none)
+        assert isinstance(tips, tuple) and len(tips) == len(cls.RETURN_TYPES), f"{node_id} lacks OUTPUT_TOOLTIPS"
+        assert all(isinstance(t, str) and t.strip() for t in tips), f"{node_id} has an empty output tooltip"
         assert cls.CATEGORY == "H3" and hasattr(cls, cls.FUNCTION)
+
+
+def test_validators_report_once():
+    """ComfyUI turns a VALIDATE_INPUTS string into one error per input the validator names (Sample named 4, Mask
+    Draw 6 through **kwargs): each names at most the one input its checks concern."""
+    import inspect
+
+    from comfyui_h3.registration import NODE_CLASS_MAPPINGS
+
+    for node_id, cls in NODE_CLASS_MAPPINGS.items():
+        validate = getattr(cls, "VALIDATE_INPUTS", None)
+        if validate is None:
+            continue
+        spec = inspect.getfullargspec(validate)
+        named = [a for a in spec.args + spec.kwonlyargs if a != "cls"]
+        assert spec.varkw is None and len(named) <= 1, f"{node_id}.VALIDATE_INPUTS names {named}"
 
 
 def _declared_inputs(cls) -> dict:
@@ -230,3 +249,42 @@ def test_loader_refuses_bad_gpu_lists_and_degrees(tiny_h3_dir, monkeypatch):
         H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa", 3, "")
     (handle,) = H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa", 2, "")
     assert handle.config.world_size == 2 and handle.config.device_for(1) == "cpu"
+
+
+def test_run_engine_shows_the_summary_on_the_node_when_done(monkeypatch):
+    """H3 Edit / H3 Extend pass summary=...: the text goes to the node's progress text (what ComfyUI's frontend shows
+    in the node) once the run is done, after the per-step status lines."""
+    from comfyui_h3.nodes import sample as sample_node
+
+    shown = []
+
+    class Reporter:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def set_text(self, text):
+            shown.append(text)
+
+        def update_absolute(self, *args):
+            pass
+
+    class Engine:
+        started = True
+
+        def generate(self, request, progress, should_cancel):
+            progress(1, 2)
+            progress(2, 2)
+            return "the result"
+
+    class Handle:
+        def engine(self):
+            return Engine()
+
+    class Request:
+        def validate(self):
+            pass
+
+    monkeypatch.setattr(sample_node.services, "ProgressReporter", Reporter)
+    result = sample_node.run_engine(Handle(), Request(), 2, node_id="5", status=lambda d, t: f"step {d}/{t}",
+                                    summary=lambda r: f"done: {r}")
+    assert result == "the result" and shown == ["step 1/2", "step 2/2", "done: the result"]

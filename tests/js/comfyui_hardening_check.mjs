@@ -5,6 +5,9 @@
 //   config: {url, checks: [...], screenshot (written on failure), ...per check:}
 //     "maskStatus": {workflow (UI JSON path)}: the Mask Draw editor's status line with frames, a missing file, no link
 //     "templates": {pack}: the template browser's cards of the pack (thumbnails), each opened in turn
+//     "layout": {workflows: [UI JSON paths], vueNodes}: each node's box (title bar included; with the Vue renderer also
+//               its element's page box) once the frontend has laid it out
+//     "editSummary": {workflow, steps}: runs an editing workflow (Run, as a user) and reads the text H3 Edit shows
 import fs from "node:fs";
 import { chromium } from "playwright-core";
 
@@ -100,8 +103,11 @@ function graphView() {
 
 async function templates({ pack }) {
   await openPackTemplates(pack);
-  await page.waitForFunction(() => [...document.querySelectorAll("[data-testid^='template-workflow-'] img")]
-    .every((img) => img.complete && img.naturalWidth > 0), null, WAIT).catch(() => {});
+  // Thumbnails arrive as blobs after the cards: wait for each card's image (a timeout leaves it to the judge)
+  await page.waitForFunction(() => [...document.querySelectorAll("[data-testid^='template-workflow-']")].every((card) => {
+    const img = card.querySelector("img");
+    return img && img.complete && img.naturalWidth > 0;
+  }), null, WAIT).catch(() => {});
   const cards = await page.evaluate(cardViews);
   const opened = {};
   for (const { name } of cards) {
@@ -117,7 +123,67 @@ async function templates({ pack }) {
   return { cards, opened };
 }
 
-const CHECKS = { maskStatus, templates };
+// -- node boxes of each workflow as the frontend lays them out ---------------------------------------------------------
+// Once sizes stop changing (DOM widgets measured, video previews loaded): each node's box with its title bar, and the
+// size its content asks for (computeSize).
+// With the Vue ("Nodes 2.0") renderer the node is a DOM element: its page box too.
+function nodeBoxes() {
+  const title = window.LiteGraph.NODE_TITLE_HEIGHT;
+  return window.app.graph.nodes.map((n) => {
+    const el = document.querySelector(`[data-node-id="${n.id}"]`);
+    const r = el?.getBoundingClientRect();
+    const scale = window.app.canvas.ds.scale;
+    return { id: n.id, type: n.type, pos: [...n.pos], size: [...n.size], wants: [...n.computeSize()],
+      box: [n.pos[0], n.pos[1] - title, n.size[0], n.size[1] + title], dom: r ? [r.x, r.y, r.width, r.height] : null,
+      domGraph: r ? [r.width / scale, r.height / scale] : null };  // the element's size in graph units
+  });
+}
+
+async function settledBoxes() {
+  let last = "", same = 0;
+  for (let k = 0; k < 60 && same < 4; k++) {
+    await page.waitForTimeout(250);
+    const now = JSON.stringify(await page.evaluate(nodeBoxes));
+    same = now === last ? same + 1 : 0;
+    last = now;
+  }
+  return JSON.parse(last);
+}
+
+async function layout({ workflows, vueNodes = false }) {
+  await page.evaluate(async (on) => { await window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", on); }, vueNodes);
+  const out = {};
+  for (const file of workflows) {
+    await loadWorkflow(file);
+    out[file] = await settledBoxes();
+  }
+  return out;
+}
+
+// -- H3 Edit shows what it resolved in the node when it is done ------------------------------------------------------
+async function editSummary({ workflow, steps }) {
+  await loadWorkflow(workflow);
+  await page.evaluate((steps) => {
+    window.app.graph.nodes.find((n) => n.type === "H3_Edit").widgets.find((w) => w.name === "steps").value = steps;
+  }, steps);
+  const before = await settledBoxes();
+  await page.evaluate(() => window.app.queuePrompt(0, 1));
+  const shown = () => {
+    const node = window.app.graph.nodes.find((n) => n.type === "H3_Edit");
+    const w = node.widgets?.find((x) => x.name === "$$node-text-preview");
+    return w?.value ? { value: w.value, widgets: node.widgets.map((x) => x.name) } : null;
+  };
+  await page.waitForFunction((f) => new Function(`return (${f})()`)()?.value?.startsWith("preset "), shown.toString(), { timeout: 300000 });
+  const out = await page.evaluate(shown);
+  // ... and it is on the page, inside the node (what a user reads)
+  out.onPage = await page.evaluate((text) => [...document.querySelectorAll("body *")].some((e) => e.children.length === 0
+    && e.offsetParent !== null && e.textContent.includes(text)), out.value.slice(0, 30));
+  out.before = before;
+  out.after = await settledBoxes();  // the text's widget must fit in the node's saved size: nothing moves or overlaps
+  return out;
+}
+
+const CHECKS = { maskStatus, templates, layout, editSummary };
 
 try {
   await openApp();
