@@ -131,6 +131,7 @@ def test_loading_the_pack_in_comfyui_installs_them(tmp_path):
         spec.loader.exec_module(module)
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "COMFYUI_H3_COMFY")}
+    env["COMFYUI_H3_PREWARM"] = "0"  # no worker forkserver for this check
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
