@@ -43,10 +43,11 @@ def test_preload_takes_its_path_back_out_of_the_environment(tmp_path):
     import comfyui_h3
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(comfyui_h3.__file__)))
-    env = dict(os.environ, COMFYUI_H3_PRELOAD_PATH=root, PYTHONPATH=os.pathsep.join(["/elsewhere", root]))
+    before = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root] + ["/elsewhere"]
+    env = dict(os.environ, COMFYUI_H3_PRELOAD_PATH=root, PYTHONPATH=os.pathsep.join(before + [root]))
     code = ("import os, comfyui_h3.backend.executor.worker_preload as p; "
-            "print(os.environ.get('PYTHONPATH'), os.environ.get('COMFYUI_H3_PRELOAD_PATH'), p.failed)")
+            "print(repr((os.environ.get('PYTHONPATH'), os.environ.get('COMFYUI_H3_PRELOAD_PATH'), p.loaded[0])))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path),
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split("\n")[-2] == "/elsewhere None []"
+    assert out.stdout.strip().splitlines()[-1] == repr((os.pathsep.join(before), None, "torch"))
