@@ -12,12 +12,13 @@ import atexit
 import logging
 import os
 import threading
+from collections import OrderedDict
 from typing import Callable
 
 from .engine_config import EngineConfig
 from .executor.liveness import StopForced, WorkerHung
 from .executor.mp_executor import MpExecutor, WorkerDied, WorkerFailed
-from .pipelines.h3.geometry import RequestError
+from .errors import RequestError
 
 log = logging.getLogger("comfyui_h3.worker")
 CAUSE_CHARS = 500  # a node error's cause is one line; the whole report is in the log
@@ -83,7 +84,7 @@ class Engine:
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         with self._lock:
             self.start(should_cancel)
-            runner = self._executor.run("h3", request, should_cancel)
+            runner = self._executor.run(self.config.family, request, should_cancel)
             try:
                 while True:
                     event = next(runner)
@@ -161,21 +162,76 @@ def make_executor(config: EngineConfig):
     return MpExecutor(config)
 
 
-_ENGINES: dict[EngineConfig, Engine] = {}
+_ENGINES: "OrderedDict[EngineConfig, Engine]" = OrderedDict()  # least recently used first
 _REGISTRY_LOCK = threading.Lock()
 atexit.register(lambda: shutdown_all())  # workers never outlive the process that started them
 
 
 def get_engine(config: EngineConfig) -> Engine:
-    """The engine for this configuration; loading another one releases the rest (a 33B model per GPU at a time)."""
+    """The engine for this configuration. Engines of several configurations stay resident together (an H3 engine and
+    an upscaler on the same or other GPUs: a workflow moving between them never restarts workers); when a new one
+    would not fit beside them in a device's budget (memory_budget_bytes), the least recently used engines sharing a
+    device with it are shut down first."""
     with _REGISTRY_LOCK:
         engine = _ENGINES.get(config)
-        if engine is None:
-            for other in list(_ENGINES.values()):
-                other.shutdown()
-            _ENGINES.clear()
-            engine = _ENGINES[config] = Engine(config)
+        if engine is not None:
+            _ENGINES.move_to_end(config)
+            return engine
+        engine = Engine(config)  # validates: a bad config evicts nothing
+        for other in _to_evict(config, list(_ENGINES.values())):
+            other.shutdown()
+            del _ENGINES[other.config]
+        _ENGINES[config] = engine
         return engine
+
+
+def _to_evict(config: EngineConfig, resident: list[Engine]) -> list[Engine]:
+    """Least recently used first, the engines to shut down so `config` fits every device it uses."""
+    need = engine_bytes(config)
+    evict: list[Engine] = []
+    for device in set(config.devices()):
+        budget = memory_budget_bytes(device)
+        sharing = [e for e in resident if device in e.config.devices() and e not in evict]
+        held = sum(engine_bytes(e.config) for e in sharing)
+        for other in sharing:  # oldest first
+            if held + need <= budget:
+                break
+            evict.append(other)
+            held -= engine_bytes(other.config)
+    return evict
+
+
+def engine_bytes(config: EngineConfig) -> int:
+    try:
+        return int(config.family_impl().memory_bytes(config))
+    except Exception:  # noqa: BLE001 - an unknown size never blocks a load; it just counts as nothing
+        return 0
+
+
+def memory_budget_bytes(device: str) -> int:
+    """What engines may hold on `device`: COMFYUI_H3_ENGINE_BUDGET_GB when set, else 90% of the GPU's memory, or
+    80% of the host's memory for the CPU."""
+    override = os.environ.get("COMFYUI_H3_ENGINE_BUDGET_GB")
+    if override:
+        return int(float(override) * 2**30)
+    if device.startswith("cuda"):
+        try:
+            import torch
+
+            index = int(device.split(":", 1)[1]) if ":" in device else 0
+            return int(0.9 * torch.cuda.get_device_properties(index).total_memory)
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        return int(0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def resident_engines() -> list[EngineConfig]:
+    """The configurations with an engine in the registry, least recently used first."""
+    with _REGISTRY_LOCK:
+        return list(_ENGINES)
 
 
 def shutdown_all() -> int:

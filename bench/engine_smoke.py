@@ -21,16 +21,16 @@ def main() -> None:
     ap.add_argument("--out-json")
     args = ap.parse_args()
     from comfyui_h3.backend.engine import Engine
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.models.tiny import make_tiny_h3
     from comfyui_h3.backend.pipelines.h3.request import H3Request
 
     folder = make_tiny_h3(os.path.join(tempfile.mkdtemp(), "tiny-h3"))
     request = dict(prompt="a drum solo", num_frames=124, steps=8, seed=3, width=64, height=64)
     report = {}
-    cpu = EngineConfig(str(folder), device="cpu", dtype="float32").build_pipeline(0).run(H3Request(**request))
-    for name, cfg in (("cuda_fp32_eager", EngineConfig(str(folder), device="cuda", dtype="float32", compile="off")),
-                      ("cuda_bf16_compiled", EngineConfig(str(folder), device="cuda", dtype="bfloat16"))):
+    cpu = h3_config(str(folder), device="cpu", dtype="float32").build_pipeline(0).run(H3Request(**request))
+    for name, cfg in (("cuda_fp32_eager", h3_config(str(folder), device="cuda", dtype="float32", compile="off")),
+                      ("cuda_bf16_compiled", h3_config(str(folder), device="cuda", dtype="bfloat16"))):
         engine = Engine(cfg)
         t0 = time.perf_counter()
         engine.start()

@@ -24,14 +24,14 @@ sys.path.insert(0, REPO)
 def one_run(model_dir: str, out_dir: str, windows: int, mode: str, dtype: str) -> dict:
     import torch
 
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.encode import next_free_path
     from comfyui_h3.backend.media.save import write_mp4
     from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
     from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
 
     torch.set_grad_enabled(False)
-    pipe = EngineConfig(model_dir, device="cuda", dtype=dtype, compile="off").build_pipeline(0)
+    pipe = h3_config(model_dir, device="cuda", dtype=dtype, compile="off").build_pipeline(0)
     c = pipe.c
     gen = torch.Generator().manual_seed(0)
     video = torch.randn(1, c.latent_channels, 37, 48, 84, generator=gen)

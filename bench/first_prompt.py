@@ -34,12 +34,12 @@ def mark(name):
     marks.append((name, time.perf_counter()))
 import torch
 mark("import torch")
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 mark("import engine_config")
 from comfyui_h3.backend.executor import worker
 mark("import worker")
 torch.set_grad_enabled(False)
-pipe = EngineConfig(sys.argv[1], device="cpu", dtype="float32").build_pipeline(0)
+pipe = h3_config(sys.argv[1], device="cpu", dtype="float32").build_pipeline(0)
 mark("build pipeline (imports + weights)")
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 req = dict(prompt="a drum solo", num_frames=124, steps=int(sys.argv[2]), width=64, height=64)

@@ -95,10 +95,10 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     `status(done, total)` -> the text in front of each progress line."""
     from . import comfy_services as services
     from .backend.engine import EngineCancelled, get_engine
-    from .backend.engine_config import EngineConfig
+    from .backend.pipelines.h3.family import h3_config
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    engine = get_engine(EngineConfig(model_dir=model_dir, device=args.device, dtype=dtype))
+    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}
     previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))  # finish the step, then stop

@@ -4,7 +4,9 @@ the first H3 Sample that uses it starts the workers, and they persist across pro
 from __future__ import annotations
 
 from .. import comfy_services as services
-from ..backend.engine_config import DTYPES, EngineConfig
+from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
+from ..backend.engine_config import DTYPES
+from ..backend.pipelines.h3.family import h3_config
 from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
 
@@ -42,9 +44,9 @@ class H3ModelLoader:
                     "default": "bfloat16",
                     "tooltip": "Compute precision of the transformer and text encoder. The checkpoint's float32 "
                                "layers stay float32. bfloat16 is what the model was released in."}),
-                "attention": (["sdpa", "math"], {
-                    "default": "sdpa", "tooltip": "Attention kernel: sdpa (cuDNN first on GPUs) or math (slow, "
-                                                  "exact reference, for checking)."}),
+                "attention": (attention_backends(), {
+                    "default": "sdpa", "tooltip": "Attention kernel: " + "; ".join(
+                        f"{name}: {text}" for name, text in attention_descriptions().items()) + "."}),
                 "sp_degree": ("INT", {
                     "default": 1, "min": 1, "max": 8,
                     "tooltip": "Sequence-parallel ranks (Ulysses): one worker per GPU, each holding the model and "
@@ -85,14 +87,14 @@ class H3ModelLoader:
         if executor == "ray":
             gpus = ""  # Ray assigns one GPU per actor
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
-        config = EngineConfig(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
+        config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
                               executor=executor, ray_address=(ray_address or "").strip())
         config.validate()
         return (H3EngineHandle(config),)
 
 
 def resolve_devices(device: str, degree: int, gpus: str) -> tuple[str, int]:
-    """(device, degree, gpus widget) -> (EngineConfig.device, world_size)."""
+    """(device, degree, gpus widget) -> (the engine config's device, world_size)."""
     gpus = (gpus or "").strip().lower()
     if device == "cpu" or not gpus:
         return device, degree

@@ -22,14 +22,14 @@ def current_mb() -> float:
 
 
 def main(model_dir: str, out_dir: str, windows: int) -> None:
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.encode import next_free_path
     from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
     from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
     from comfyui_h3.backend.pipelines.h3.stream_decode import StreamingVideoDecoder
 
     torch.set_grad_enabled(False)
-    pipe = EngineConfig(model_dir, dtype="float32").build_pipeline(0)
+    pipe = h3_config(model_dir, dtype="float32").build_pipeline(0)
     c = pipe.c
     gen = torch.Generator().manual_seed(0)
     video = torch.randn(1, c.latent_channels, 37, 16, 28, generator=gen)  # 124 frames at 256x448

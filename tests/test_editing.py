@@ -110,9 +110,9 @@ def test_request_validation():
 # -- the pipeline on the tiny model --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pipeline(tiny_h3_dir):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
 
-    return EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_all_ones_mask_is_t2va(pipeline, source):
 def test_node_and_cli_edit(tmp_path, tiny_h3_dir, source):
     import av
 
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.save import write_mp4
     from comfyui_h3.cli import main
     from comfyui_h3.nodes.edit import H3Edit
@@ -202,7 +202,7 @@ def test_node_and_cli_edit(tmp_path, tiny_h3_dir, source):
     from PIL import Image
 
     frames, wave, mask = source
-    handle = H3EngineHandle(EngineConfig(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
+    handle = H3EngineHandle(h3_config(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
     out = H3Edit().edit(handle, H3Video(torch.from_numpy(frames), 24, wave, 32000), torch.from_numpy(mask[60]),
                         "replace", "a red boat", 2, 0)
     video, audio, latents = out["result"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError, get_engine, shutdown_all
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.geometry import RequestError
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
@@ -21,7 +21,7 @@ def small(**kw):
 
 @pytest.fixture(scope="module")
 def engine(tiny_h3_dir):
-    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", cpu_threads=1))
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", cpu_threads=1))
     yield eng
     eng.shutdown()
 
@@ -139,7 +139,7 @@ def test_dead_worker_becomes_an_error_and_is_replaced(engine):
 
 
 def test_free_memory_shuts_workers_down_and_next_use_restarts(tiny_h3_dir):
-    cfg = EngineConfig(str(tiny_h3_dir), dtype="float32", cpu_threads=1, master_port=29601)
+    cfg = h3_config(str(tiny_h3_dir), dtype="float32", cpu_threads=1, master_port=29601)
     eng = get_engine(cfg)
     assert get_engine(cfg) is eng
     eng.generate(small(steps=1, decode=False))
@@ -152,10 +152,10 @@ def test_free_memory_shuts_workers_down_and_next_use_restarts(tiny_h3_dir):
 
 def test_missing_model_folder_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
-        Engine(EngineConfig(str(tmp_path / "nope")))
+        Engine(h3_config(str(tmp_path / "nope")))
     empty = tmp_path / "empty"
     empty.mkdir()
-    eng = Engine(EngineConfig(str(empty)))
+    eng = Engine(h3_config(str(empty)))
     with pytest.raises(EngineError, match="not a MiniMax-H3 diffusers folder"):
         eng.generate(small())
 
@@ -169,8 +169,8 @@ def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
     script = (
         "import sys, time; sys.path.insert(0, %r)\n"
         "from comfyui_h3.backend.engine import Engine\n"
-        "from comfyui_h3.backend.engine_config import EngineConfig\n"
-        "e = Engine(EngineConfig(%r, dtype='float32', master_port=29611)); e.start()\n"
+        "from comfyui_h3.backend.pipelines.h3.family import h3_config\n"
+        "e = Engine(h3_config(%r, dtype='float32', master_port=29611)); e.start()\n"
         "print(e._executor._procs[0].pid, flush=True); time.sleep(600)\n"
     ) % (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), str(tiny_h3_dir))
     host = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -194,7 +194,7 @@ def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
 
 
 def test_stop_during_model_load(tiny_h3_dir):
-    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", master_port=29621))
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", master_port=29621))
     with pytest.raises(EngineCancelled, match="loading"):
         eng.generate(small(steps=1), should_cancel=lambda: True)
     assert not eng.started

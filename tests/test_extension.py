@@ -149,9 +149,9 @@ def test_locked_audio_is_all_guide():
 # -- streamed decoders ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pipeline(tiny_h3_dir):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
 
-    return EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
 
 
 def test_streamed_video_and_audio_decode_equal_whole_decodes(pipeline):

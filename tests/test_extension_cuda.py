@@ -31,12 +31,12 @@ def _request(path=None, from_latents=False):
 @pytest.mark.parametrize("dtype, compile_mode", [("float32", "off"), ("bfloat16", "auto")])
 def test_extend_on_cuda(tiny_h3_dir, tmp_path, dtype, compile_mode):
     from comfyui_h3.backend.engine import Engine
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.decode import probe_video
     from comfyui_h3.backend.media.encode import next_free_path
 
     path = next_free_path(str(tmp_path), "cuda_ext", "mp4")
-    engine = Engine(EngineConfig(str(tiny_h3_dir), device="cuda", dtype=dtype, compile=compile_mode))
+    engine = Engine(h3_config(str(tiny_h3_dir), device="cuda", dtype=dtype, compile=compile_mode))
     try:
         got = engine.generate(_request(path, from_latents=dtype == "float32"))
     finally:
@@ -45,7 +45,7 @@ def test_extend_on_cuda(tiny_h3_dir, tmp_path, dtype, compile_mode):
     assert info.frame_count == 124 + 85 == got.extend["frames_written"] and (info.width, info.height) == (96, 64)
     assert info.has_audio and abs(info.duration - 209 / 24) < 0.05
     if dtype == "float32":
-        want = EngineConfig(str(tiny_h3_dir), device="cpu", dtype="float32").build_pipeline(0).run(
+        want = h3_config(str(tiny_h3_dir), device="cpu", dtype="float32").build_pipeline(0).run(
             _request(from_latents=True))
         for key in ("video_latents", "audio_latents"):
             a, b = getattr(got, key), getattr(want, key)

@@ -33,10 +33,10 @@ def folders(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def handle(tiny_h3_dir):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.types import H3EngineHandle
 
-    h = H3EngineHandle(EngineConfig(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
+    h = H3EngineHandle(h3_config(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
     yield h
     h.engine().shutdown()
 

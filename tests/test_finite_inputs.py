@@ -68,13 +68,13 @@ def test_extend_request_refuses_non_finite_inputs(field):
 
 
 def test_nodes_refuse_non_finite_inputs_before_any_worker(tiny_h3_dir):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.nodes.edit import H3Edit
     from comfyui_h3.nodes.sample import H3Sample
     from comfyui_h3.types import H3EngineHandle
     from comfyui_h3.video_types import H3Video, as_h3_video
 
-    handle = H3EngineHandle(EngineConfig(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
+    handle = H3EngineHandle(h3_config(model_dir=str(tiny_h3_dir), device="cpu", dtype="float32"))
     video = H3Video(torch.from_numpy(_clip()), 24, torch.zeros(2, 165334), 32000)
     mask = torch.ones(124, 64, 96)
     mask[5, 5, 5] = float("nan")

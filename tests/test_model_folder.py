@@ -77,11 +77,11 @@ def test_invalid_json_names_the_file(folder_copy, name):
 
 
 def test_invalid_transformer_config_is_named_when_the_loader_node_checks_the_folder(folder_copy):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
 
     (folder_copy / "transformer" / "config.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(CheckpointError, match=r"transformer/config\.json"):
-        EngineConfig(str(folder_copy)).validate()
+        h3_config(str(folder_copy)).validate()
 
 
 def test_invalid_model_index_is_named_not_skipped(folder_copy):
@@ -231,11 +231,11 @@ def test_a_bad_scheduler_shift_names_the_file(folder_copy, value):
 def test_the_engine_error_a_node_shows_names_the_file(folder_copy):
     """What a user sees: the worker's load failure reaches the caller as one error that names the broken file."""
     from comfyui_h3.backend.engine import Engine, EngineError
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.pipelines.h3.request import H3Request
 
     (folder_copy / "tokenizer" / "tokenizer.json").unlink()
-    engine = Engine(EngineConfig(str(folder_copy), dtype="float32"))
+    engine = Engine(h3_config(str(folder_copy), dtype="float32"))
     try:
         with pytest.raises(EngineError, match=r"tokenizer/tokenizer\.json is missing"):
             engine.generate(H3Request(prompt="a lighthouse", num_frames=124, steps=1, width=64, height=64))

@@ -41,14 +41,14 @@ def _run_all(config, tmp_path=None):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_n_gpus_equal_one(tiny_h3_dir, tmp_path, world):
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.decode import probe_video
 
     if torch.cuda.device_count() < world:
         pytest.skip(f"{world} ranks need {world} CUDA devices; this machine has {torch.cuda.device_count()}")
-    one = _run_all(EngineConfig(str(tiny_h3_dir), device="cuda:0", dtype="float32", compile="off"))
+    one = _run_all(h3_config(str(tiny_h3_dir), device="cuda:0", dtype="float32", compile="off"))
     gpus = ",".join(str(i) for i in range(world))
-    two = _run_all(EngineConfig(str(tiny_h3_dir), device=f"cuda:{gpus}", dtype="float32", compile="off",
+    two = _run_all(h3_config(str(tiny_h3_dir), device=f"cuda:{gpus}", dtype="float32", compile="off",
                                 world_size=world), tmp_path)
     for name in one:
         for key in ("video_latents", "audio_latents"):
@@ -64,10 +64,10 @@ def test_n_gpus_equal_one(tiny_h3_dir, tmp_path, world):
 
 def test_stop_on_two_gpus_and_next_prompt(tiny_h3_dir):
     from comfyui_h3.backend.engine import Engine, EngineCancelled
-    from comfyui_h3.backend.engine_config import EngineConfig
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.pipelines.h3.request import H3Request
 
-    engine = Engine(EngineConfig(str(tiny_h3_dir), device="cuda:0,1", dtype="bfloat16", world_size=2))
+    engine = Engine(h3_config(str(tiny_h3_dir), device="cuda:0,1", dtype="bfloat16", world_size=2))
     try:
         seen = []
         with pytest.raises(EngineCancelled):

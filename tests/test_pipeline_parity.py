@@ -13,7 +13,7 @@ from diffusers.modular_pipelines.minimax_h3.references import (  # noqa: E402
     MiniMaxH3VideoReference,
 )
 
-from comfyui_h3.backend.engine_config import EngineConfig  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.family import h3_config  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.request import H3Request, ReferenceInput  # noqa: E402
 
 SEED, STEPS, FRAMES = 11, 3, 130  # 130 snaps up to 141 (17n+5) on both sides
@@ -21,7 +21,7 @@ SEED, STEPS, FRAMES = 11, 3, 130  # 130 snaps up to 141 (17n+5) on both sides
 
 @pytest.fixture(scope="module")
 def pipelines(tiny_h3_dir):
-    ours = EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    ours = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
     ref = diffusers.ModularPipeline.from_pretrained(str(tiny_h3_dir))
     ref.load_components(torch_dtype=torch.float32)
     return ours, ref
@@ -110,7 +110,7 @@ def shifted(tiny_h3_dir, tmp_path_factory):
         config = json.loads(path.read_text())
         config["shift"] = shift
         path.write_text(json.dumps(config))
-    ours = EngineConfig(str(folder), dtype="float32").build_pipeline(0)
+    ours = h3_config(str(folder), dtype="float32").build_pipeline(0)
     ref = diffusers.ModularPipeline.from_pretrained(str(folder))
     ref.load_components(torch_dtype=torch.float32)
     assert (ref.scheduler.config.shift, ref.audio_scheduler.config.shift) == tuple(FOLDER_SHIFTS.values())
@@ -186,7 +186,7 @@ def test_cli_shift_options_default_to_the_folder():
     from comfyui_h3.cli import _parser
 
     for command in (["generate", "--prompt", "x"], ["edit", "--prompt", "x", "--video", "v.mp4", "--mask", "m.png", "--out", "o.mp4"],
-                    ["extend", "--prompt", "x", "--video", "v.mp4", "--out", "o.mp4"]):
+                    ["extend", "--prompt", "x", "--video", "v.mp4", "--seconds", "5", "--out", "o.mp4"]):
         args = _parser().parse_args(command)
         assert (args.video_shift, args.audio_shift) == (None, None)
     args = _parser().parse_args(["generate", "--prompt", "x", "--video-shift", "5", "--audio-shift", "7.5"])

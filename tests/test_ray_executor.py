@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -28,7 +28,7 @@ def small(**kw):
 def config(tiny_h3_dir, **kw):
     base = dict(dtype="float32", cpu_threads=1, executor="ray")
     base.update(kw)
-    return EngineConfig(str(tiny_h3_dir), **base)
+    return h3_config(str(tiny_h3_dir), **base)
 
 
 def test_without_ray_the_error_says_what_to_install(tiny_h3_dir, monkeypatch):
@@ -41,10 +41,10 @@ def test_without_ray_the_error_says_what_to_install(tiny_h3_dir, monkeypatch):
 
 def test_config_checks(tiny_h3_dir):
     with pytest.raises(ValueError, match="available: 'mp', 'ray'"):
-        EngineConfig(str(tiny_h3_dir), executor="slurm").validate()
+        h3_config(str(tiny_h3_dir), executor="slurm").validate()
     with pytest.raises(ValueError, match="ray executor device is 'cpu' or 'cuda'"):
-        EngineConfig(str(tiny_h3_dir), executor="ray", device="cuda:1").validate()
-    assert EngineConfig(str(tiny_h3_dir)).executor == "mp"
+        h3_config(str(tiny_h3_dir), executor="ray", device="cuda:1").validate()
+    assert h3_config(str(tiny_h3_dir)).executor == "mp"
 
 
 @needs_ray
@@ -86,7 +86,7 @@ def engine(ray_cluster, tiny_h3_dir):
 
 @pytest.fixture(scope="module")
 def single(tiny_h3_dir):
-    return EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
 
 
 def test_two_actor_ranks_equal_one_rank(engine, single):

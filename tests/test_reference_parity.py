@@ -16,7 +16,7 @@ from diffusers.modular_pipelines.minimax_h3.references import (  # noqa: E402
     MiniMaxH3VideoReference,
 )
 
-from comfyui_h3.backend.engine_config import EngineConfig  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.family import h3_config  # noqa: E402
 from comfyui_h3.backend.media.decode import decode_reference_audio, decode_reference_video, plan_frames  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.request import H3Request  # noqa: E402
 from comfyui_h3.cli_generate import reference_from_file  # noqa: E402
@@ -99,7 +99,7 @@ def test_reading_equals_the_reference_reading(files):
 
 @pytest.fixture(scope="module")
 def pipelines(tiny_h3_dir):
-    ours = EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    ours = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
     ref = diffusers.ModularPipeline.from_pretrained(str(tiny_h3_dir))
     ref.load_components(torch_dtype=torch.float32)
     return ours, ref

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig
 from comfyui_h3.backend.parallel.ulysses import SequenceShard, alltoall_bytes_per_layer
@@ -74,7 +74,7 @@ def test_sharded_forward_equals_single_rank(tmp_path, world):
 
 def test_degree_must_divide_heads(tiny_h3_dir):
     with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
-        EngineConfig(str(tiny_h3_dir), world_size=3).validate()
+        h3_config(str(tiny_h3_dir), world_size=3).validate()
 
 
 def test_alltoall_plan_bytes():
@@ -91,14 +91,14 @@ def small(**kw):
 
 @pytest.fixture(scope="module")
 def single(tiny_h3_dir):
-    return EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_on_n_ranks_equals_one(tiny_h3_dir, single, world):
     from PIL import Image
 
-    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", world_size=world, cpu_threads=1))
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=world, cpu_threads=1))
     try:
         got = eng.generate(small())
         key = Image.new("RGB", (96, 64), (200, 80, 10))
@@ -110,13 +110,13 @@ def test_engine_on_n_ranks_equals_one(tiny_h3_dir, single, world):
         assert ((a - b).norm() / b.norm()).item() <= 1e-4
     assert torch.equal(got.frames, single.frames)  # clip-shared VAE decode is exact
     # fl2va: the keyframe's text/vision presentation is encoded on rank 0 only and broadcast
-    want = EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(
+    want = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(
         small(first_frame=key, width=None, height=None, decode=False))
     assert ((keyed.video_latents - want.video_latents).norm() / want.video_latents.norm()).item() <= 1e-4
 
 
 def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
-    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
         seen = []
         with pytest.raises(EngineCancelled):
@@ -194,9 +194,9 @@ def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
                                seed=1, source_frames=frames, source_audio=wave, source_sample_rate=32000,
                                output_path=path)
 
-    one = EngineConfig(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    one = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
     want_edit, want_ext = one.run(edit()), one.run(extend())
-    eng = Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
         got_edit = eng.generate(edit())
         path = next_free_path(str(tmp_path), "ext2", "mp4")

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor.liveness import (ENV_PROGRESS, ENV_STOP, ENV_WORKER, Bounds, StopForced, Watchdog,
                                                   WorkerHung)
 from comfyui_h3.backend.pipelines.h3.request import H3Request
@@ -44,7 +44,7 @@ def freeze_at_first_step(pid: int, stamp: list):
 
 
 def engine_for(tiny_h3_dir, world=1):
-    return Engine(EngineConfig(str(tiny_h3_dir), dtype="float32", world_size=world, cpu_threads=1))
+    return Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=world, cpu_threads=1))
 
 
 @pytest.mark.parametrize("world,victim", [(1, 0), (2, 1)])

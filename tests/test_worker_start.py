@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from comfyui_h3.backend.engine import Engine
-from comfyui_h3.backend.engine_config import EngineConfig
+from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor import mp_executor
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
@@ -21,7 +21,7 @@ needs_forkserver = pytest.mark.skipif(
 
 def _run(tiny_h3_dir, monkeypatch, start: str):
     monkeypatch.setenv("COMFYUI_H3_WORKER_START", start)
-    engine = Engine(EngineConfig(str(tiny_h3_dir), device="cpu", dtype="float32", world_size=2))
+    engine = Engine(h3_config(str(tiny_h3_dir), device="cpu", dtype="float32", world_size=2))
     try:
         result = engine.generate(H3Request(**REQUEST))
         return [r.preloaded for r in engine._executor.ready], result

@@ -1,19 +1,13 @@
-"""Attention dispatch: one entry point the H3 model calls, backends chosen per engine.
-
-Contract: `attention(q, k, v)` with q, k, v `[batch, seq, heads, head_dim]` (any strides with a unit last stride),
-returns `[batch, seq, heads, head_dim]`. MiniMax-H3 attends over one packed document with no mask, so every backend
-here is plain non-causal full attention. Later backends (VSA block-sparse, Ulysses wrappers) plug in by name.
-"""
+"""The dense attention kernels (torch SDPA with cuDNN first, SDPA's own choice, a float32 reference), registered
+by name in registry.py (the contract is stated there). They take no per-request plan."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+from .registry import AttentionBackend, AttentionFn, get_backend, register  # noqa: F401 - AttentionFn re-exported
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -51,15 +45,19 @@ def _math_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return (probs @ vf).transpose(1, 2).to(q.dtype)
 
 
-BACKENDS: dict[str, AttentionFn] = {
-    "sdpa": _sdpa_cudnn_first,
-    "sdpa_default": _sdpa,
-    "math": _math_reference,
-}
+def _dense(kernel):
+    def fn(q, k, v, plan=None):
+        return kernel(q, k, v)
+
+    return fn
 
 
-def get_attention(name: str = "sdpa") -> AttentionFn:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"Unknown attention backend {name!r}; available: {sorted(BACKENDS)}") from None
+register(AttentionBackend("sdpa", _dense(_sdpa_cudnn_first),
+                          "torch SDPA, cuDNN attention first on CUDA (fastest dense kernel on the H200)"))
+register(AttentionBackend("sdpa_default", _dense(_sdpa), "torch SDPA with torch's own kernel choice"))
+register(AttentionBackend("math", _dense(_math_reference), "float32 softmax(QK^T)V reference (slow; for checks)"))
+
+
+def get_attention(name: str = "sdpa") -> AttentionBackend:
+    """The registered backend `name` (callable as attention(q, k, v, plan=None))."""
+    return get_backend(name)

@@ -9,7 +9,7 @@ from typing import Any
 @dataclass
 class Job:
     job_id: int
-    kind: str  # "h3"
+    kind: str  # the engine config's model family (the worker runs its pipeline)
     request: Any
 
 

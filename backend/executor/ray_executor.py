@@ -132,7 +132,7 @@ class _RankActor:
         def emit(event) -> None:  # acknowledged: every step's progress is there before the result is
             ray.get(control.push.remote(event))
 
-        return run_job(self.pipeline, self.rank, job, emit, should_stop)
+        return run_job(self.pipeline, self.rank, job, emit, should_stop, self.config.family)
 
     def ping(self) -> int:
         return os.getpid()

@@ -50,14 +50,18 @@ def load_failure(exc: BaseException):
     return Failed(None, "error", f"Loading the model failed: {type(exc).__name__}: {exc}", traceback.format_exc())
 
 
-def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, should_stop: Callable[[], bool]):
+def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, should_stop: Callable[[], bool],
+            family: str | None = None):
     """One job on one rank -> Done (rank 0 carries the result; other ranks Done(None)) or Failed. Never raises.
-    `emit` receives rank 0's Progress messages."""
+    `emit` receives rank 0's Progress messages. `family`: the model family this rank's pipeline belongs to; a job
+    for another family is refused."""
     import torch
 
-    from ..pipelines.h3.geometry import RequestError
-    from ..pipelines.h3.step_plan import Cancelled
+    from ..errors import Cancelled, RequestError
     from .messages import Done, Failed, Progress
+
+    if family is not None and job.kind != family:
+        return Failed(job.job_id, "error", f"This worker runs the {family!r} model family, not {job.kind!r}.")
 
     on_step = None
     if rank == 0 and emit is not None:
@@ -148,7 +152,7 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, sha
         if not isinstance(msg, Job):
             continue
         shared.marks[rank] += 1
-        outcome = run_job(pipeline, rank, msg, events.put, should_stop)
+        outcome = run_job(pipeline, rank, msg, events.put, should_stop, engine_config.family)
         if rank == 0 or isinstance(outcome, Failed):  # other ranks' results are rank 0's
             events.put(outcome)
     close_process_group()

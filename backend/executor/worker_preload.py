@@ -19,21 +19,13 @@ if _added:
     else:
         os.environ.pop("PYTHONPATH", None)
 
-_MODULES = (
-    "torch",
-    "torch.distributed",
-    "av",
-    # the libraries' classes a worker loads (their packages resolve these lazily, on first attribute access)
-    "diffusers.models.autoencoders.autoencoder_kl_minimax_h3",
-    "diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio",
-    "transformers.models.qwen3_vl.modeling_qwen3_vl",
-    "transformers.models.qwen3_vl.processing_qwen3_vl",
-    "transformers.models.qwen2.tokenization_qwen2",
-    # ours (relative to this package: comfyui_h3.backend.executor -> comfyui_h3.backend)
-    ".worker",
-    "..pipelines.h3.pipeline",
-    "..pipelines.h3.components",
-)
+_MODULES = ["torch", "torch.distributed", "av", ".worker"]  # ".worker": relative to this package
+try:
+    from ..families import preload_modules
+
+    _MODULES += preload_modules()  # each model family's own list (pipelines/<family>/preload.py)
+except Exception:  # noqa: BLE001
+    pass
 
 loaded, failed = [], []
 for _name in _MODULES:

@@ -263,11 +263,14 @@ class H3Transformer(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         segments: tuple[RowSegments, RowSegments] | None = None,
         shard=None,
+        attention_plan=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed for the rows this
         call owns (all rows, or the shard's when sequence-parallel): they depend only on the layout and the step's
         timestep plan, not on the activations. `shard` (parallel.ulysses.SequenceShard): this rank embeds and runs
-        only its rows, attention goes through Ulysses all-to-all, and the 128-wide head outputs are gathered."""
+        only its rows, attention goes through Ulysses all-to-all, and the 128-wide head outputs are gathered.
+        `attention_plan`: the attention backend's per-request plan (attention/registry.py), given to every block's
+        attention over the packed sequence; None for dense backends."""
         seq = position_ids.shape[0]
         start, stop, local = (0, seq, seq) if shard is None else (shard.start, shard.valid_stop, shard.local_len)
         adaln_rows = row_timestep_index.to(torch.long) * MODALITY_COUNT + token_tags.to(torch.long)
@@ -280,7 +283,12 @@ class H3Transformer(nn.Module):
                                                                            shard.local(row_timestep_index))
             segments = (RowSegments.from_rows(rows[0]), RowSegments.from_rows(rows[1]))
         adaln_segments, out_segments = segments
-        attention = self.attention if shard is None else ulysses_attention(self.attention, shard)
+        attention = self.attention
+        if attention_plan is not None:
+            backend = attention
+            attention = lambda q, k, v: backend(q, k, v, attention_plan)  # noqa: E731
+        if shard is not None:
+            attention = ulysses_attention(attention, shard)
 
         text = self.context_embedder(text_states.to(self.context_embedder.weight.dtype))
         text = self.token_refiner(text, self.attention)  # text-only attention: every rank refines all of it

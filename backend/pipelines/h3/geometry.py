@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...errors import RequestError  # noqa: F401 - H3 code raises it from here
+
 FPS = 24
 MIN_SECONDS = 5.0
 MAX_SECONDS = 15.0
@@ -21,8 +23,6 @@ MIN_ASPECT, MAX_ASPECT = 1 / 4, 4.0
 VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
 
 
-class RequestError(ValueError):
-    """A request that cannot run as given; the message says what to change."""
 
 
 def resolve_canvas(aspect_w: float, aspect_h: float, multiple: int = 32, short_edge: int = CANVAS_SHORT_EDGE,

@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from ...parallel.context import SINGLE, ParallelContext
 from ...parallel.ulysses import SequenceShard
 from .components import H3Components
 from .conditioning import normalize_references, prepare_keyframes
@@ -41,11 +42,21 @@ def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometr
 
 
 class H3Pipeline:
-    def __init__(self, components: H3Components, rank: int = 0, world: int = 1):
-        """rank/world > 1: Ulysses sequence parallelism over an initialised torch.distributed group; every rank
-        runs this same pipeline (same seed, same layout) and owns 1/world of the packed rows in the DiT."""
+    def __init__(self, components: H3Components, parallel: ParallelContext = SINGLE, attention=None):
+        """parallel.world > 1: Ulysses sequence parallelism over an initialised torch.distributed group; every rank
+        runs this same pipeline (same seed, same layout) and owns 1/world of the packed rows in the DiT.
+        `attention`: the runtime's attention backend (its per-request plan hook); None: the DiT's own."""
         self.c = components
-        self.rank, self.world = rank, world
+        self.parallel = parallel
+        self.attention = attention
+
+    @property
+    def rank(self) -> int:
+        return self.parallel.rank
+
+    @property
+    def world(self) -> int:
+        return self.parallel.world
 
     # -- request resolution -------------------------------------------------------------------------------------
     def resolve(self, req: H3Request) -> tuple[Geometry, list, tuple[str, ...]]:

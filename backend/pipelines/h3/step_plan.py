@@ -12,9 +12,7 @@ from ...models.h3_ops import RowSegments, rope_tables
 from ...models.h3_transformer import MODALITY_COUNT
 
 
-class Cancelled(Exception):
-    """The caller asked to stop; raised at a denoise-step boundary. `extra` (set by a loop that keeps something,
-    e.g. an extension's finished windows) travels to the driver."""
+from ...errors import Cancelled  # noqa: F401 - raised here at a step boundary
 
 
 def _local(shard):

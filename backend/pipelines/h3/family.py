@@ -1,0 +1,94 @@
+"""The MiniMax-H3 model family: its engine options, the checks made before any weight moves, and how a rank builds
+its pipeline from a Runtime (backend/families.py states the contract)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...engine_config import DTYPES, EngineConfig
+
+
+@dataclass(frozen=True)
+class H3Options:
+    model_dir: str
+    vae_dtype: str = "float32"
+    compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
+    reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
+
+
+def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "float32", compile: str = "auto",
+              reference_image_short_edge: int | None = None, **engine) -> EngineConfig:
+    """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `engine`:
+    EngineConfig's own fields (device, world_size, executor, ray_address, attention, cpu_threads, ...)."""
+    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge)
+    return EngineConfig("h3", options, compute_dtype=dtype, **engine)
+
+
+class H3Family:
+    name = "h3"
+
+    def check(self, config: EngineConfig) -> None:
+        o = config.options
+        if not isinstance(o, H3Options):
+            raise TypeError(f"the h3 family takes H3Options, got {type(o).__name__}")
+        if o.vae_dtype not in DTYPES:
+            raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
+        if o.compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile must be 'auto', 'on' or 'off', got {o.compile!r}.")
+        if not os.path.isdir(o.model_dir):
+            raise FileNotFoundError(f"MiniMax-H3 model folder not found: {o.model_dir}")
+        self._check_heads_split(o.model_dir, config.world_size)
+
+    @staticmethod
+    def _check_heads_split(model_dir: str, degree: int) -> None:
+        """Ulysses splits attention heads over the ranks: refuse a degree that does not divide them, before any
+        weight moves (the release's 56 heads allow 1, 2, 4, 7, 8). The one home of this rule."""
+        from ...models.checkpoint import CheckpointError, read_json
+
+        for part in ("transformer", "transformer_ref"):
+            path = os.path.join(model_dir, part, "config.json")
+            if not os.path.isfile(path):
+                continue
+            heads = read_json(path).get("num_attention_heads", 56)  # a broken config is an error naming it
+            if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+                raise CheckpointError(f"{path}: num_attention_heads must be a positive integer, got {heads!r}.")
+            if heads % degree:
+                ok = [d for d in range(1, heads + 1) if heads % d == 0 and d <= 16]
+                raise ValueError(f"Sequence-parallel degree {degree} does not divide the model's {heads} "
+                                 f"attention heads; use one of {ok}.")
+
+    def memory_bytes(self, config: EngineConfig) -> int:
+        """Upper bound of what a rank holds: the folder's weight files (every rank holds the DiT partitions and
+        VAEs; rank 0 also the text encoder, counted for all)."""
+        total = 0
+        for path in Path(config.options.model_dir).glob("*/*.safetensors"):
+            try:
+                total += path.stat().st_size
+            except OSError:
+                continue
+        return total
+
+    def build(self, runtime, options: H3Options):
+        import torch
+
+        from .components import EngineOptions, H3Components, folder_settings
+        from .pipeline import H3Pipeline
+
+        settings = folder_settings(options.model_dir)
+        device = str(runtime.device)
+        engine_options = EngineOptions(
+            device=device, dtype=runtime.compute_dtype, vae_dtype=getattr(torch, options.vae_dtype),
+            attention=runtime.attention,
+            compile_blocks=options.compile == "on" or (options.compile == "auto" and runtime.is_cuda),
+            load_text_encoder=runtime.parallel.is_driver,
+            reference_image_short_edge=options.reference_image_short_edge
+            or settings.get("reference_image_short_edge", 2048),
+            canvas_short_edge=settings.get("canvas_short_edge", 768),
+            canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
+        )
+        return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
+
+
+FAMILY = H3Family()

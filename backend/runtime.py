@@ -1,0 +1,55 @@
+"""Runtime: what one worker rank runs with, built once when the rank starts and handed to its model family's
+`build`. Families read their device, parallel context, attention backend, weight policy and compute dtype here;
+nothing below a family passes rank/world ints, backend names or dtype strings around.
+
+WeightPolicy is how weights are stored and where they live, applied by the family's one loader. Compute dtype is
+separate and explicit: a weight's dtype never decides the arithmetic. Today weights are stored in the compute dtype
+(the checkpoint's float32-only modules stay float32) and stay resident on the device; FP8 storage, AdaLN tables in
+place of projection weights and blocks streamed from pinned host memory are further values of the same two fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention.registry import AttentionBackend, get_backend
+from .parallel.context import ParallelContext
+
+STORAGES = ("compute",)  # weights held in the compute dtype
+PLACEMENTS = ("resident",)  # every weight on the rank's device for the engine's life
+
+
+@dataclass(frozen=True)
+class WeightPolicy:
+    storage: str = "compute"
+    placement: str = "resident"
+
+    def validate(self) -> None:
+        if self.storage not in STORAGES:
+            raise ValueError(f"weight storage must be one of {STORAGES}, got {self.storage!r}.")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"weight placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    parallel: ParallelContext
+    attention: AttentionBackend
+    compute_dtype: torch.dtype
+    weights: WeightPolicy = field(default_factory=WeightPolicy)
+    cpu_threads: int = 0
+
+    @classmethod
+    def make(cls, device: str, parallel: ParallelContext, attention: str, compute_dtype: str,
+             weights: WeightPolicy | None = None, cpu_threads: int = 0) -> "Runtime":
+        weights = weights or WeightPolicy()
+        weights.validate()
+        return cls(torch.device(device), parallel, get_backend(attention), getattr(torch, compute_dtype), weights,
+                   cpu_threads)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
