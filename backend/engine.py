@@ -82,6 +82,7 @@ class Engine:
     def generate(self, request, progress: Callable[[int, int], None] | None = None,
                  should_cancel: Callable[[], bool] | None = None):
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
+        _touch(self.config)  # before our own lock: eviction takes the registry's lock, then an engine's
         with self._lock:
             self.start(should_cancel)
             runner = self._executor.run(self.config.family, request, should_cancel)
@@ -183,6 +184,13 @@ def get_engine(config: EngineConfig) -> Engine:
             del _ENGINES[other.config]
         _ENGINES[config] = engine
         return engine
+
+
+def _touch(config: EngineConfig) -> None:
+    """Mark an engine as the most recently used (a generate counts as a use)."""
+    with _REGISTRY_LOCK:
+        if config in _ENGINES:
+            _ENGINES.move_to_end(config)
 
 
 def _to_evict(config: EngineConfig, resident: list[Engine]) -> list[Engine]:

@@ -17,8 +17,8 @@ EXECUTORS = ("mp", "ray")
 
 @dataclass(frozen=True)
 class EngineConfig:
-    family: str  # a registered family name ("h3") or a reference "module:attribute" (backend/families.py)
-    options: Any  # the family's frozen options (e.g. pipelines.h3.family.H3Options)
+    family: str  # a registered family name or a reference "module:attribute" (backend/families.py)
+    options: Any  # the family's frozen options (its own dataclass; part of the config's identity)
     device: str = "cpu"  # "cpu", "cuda" or "cuda:N" / "cuda:2,3" (a worker per device when world_size > 1)
     world_size: int = 1
     executor: str = "mp"  # "mp": a process per device on this machine; "ray": an actor per rank on a Ray cluster
