@@ -28,3 +28,20 @@ class H3Latents:
     video: torch.Tensor
     audio: torch.Tensor
     fps: int = 24
+
+
+# MASK is ComfyUI's plain tensor; H3 Mask Draw notes on the one it returns the grow / feather it applied, so that H3
+# Edit shapes a mask once (a tensor another node makes carries no note: H3 Edit's preset shapes it).
+_MASK_SHAPING = "h3_mask_shaping"
+
+
+def mark_mask_shaping(mask: torch.Tensor, grow: int, feather: int) -> torch.Tensor:
+    """Note on `mask` that it was grown by `grow` / feathered by `feather` px (nothing when both are 0)."""
+    if int(grow) != 0 or int(feather) > 0:
+        setattr(mask, _MASK_SHAPING, (int(grow), int(feather)))
+    return mask
+
+
+def mask_shaping(mask) -> tuple[int, int] | None:
+    """(grow, feather) H3 Mask Draw applied to this MASK, or None (not grown or feathered there)."""
+    return getattr(mask, _MASK_SHAPING, None)

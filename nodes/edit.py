@@ -9,7 +9,7 @@ import torch
 
 from ..backend.pipelines.h3.editing import AUDIO_MODES, PRESETS
 from ..backend.pipelines.h3.request import H3Request
-from ..types import H3Latents
+from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from .adapters import audio_to_waveform, waveform_to_audio
 from .sample import MAX_SEED, run_engine
@@ -25,12 +25,39 @@ def mask_to_array(mask) -> np.ndarray:
     return m.clamp(0.0, 1.0).numpy()
 
 
-def edit_summary(preset: str, result) -> str:
+def edit_mask_shaping(mask, mask_grow: int, mask_feather: int) -> tuple[int | None, int | None]:
+    """The request's (mask_grow, mask_feather): a mask is grown and feathered once. A widget set (>= 0) applies; at
+    -1 the preset's applies (None), except to a MASK that H3 Mask Draw already grew or feathered: that one is used
+    as it is (0)."""
+    default = None if mask_shaping(mask) is None else 0
+    return (default if mask_grow < 0 else int(mask_grow)), (default if mask_feather < 0 else int(mask_feather))
+
+
+def edit_summary(preset: str, result, shaped: tuple[int, int] | None = None) -> str:
     """What the edit resolved (preset values, size), shown in the node when it is done."""
     info = result.edit or {}
-    return (f"preset {preset}: grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px, audio "
+    where = f" (on H3 Mask Draw's grow {shaped[0]} px, feather {shaped[1]} px)" if shaped else ""
+    return (f"preset {preset}: grow {info.get('mask_grow')} px, feather {info.get('mask_feather')} px{where}, audio "
             f"{info.get('audio_mode')} {info.get('audio_level')}; {info.get('width')}x{info.get('height')}, "
             f"{info.get('num_frames')} frames")
+
+
+def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0, audio_mode="preset",
+                 audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None) -> H3Request:
+    """H3 Edit's inputs -> the engine's request (the node's widgets' conventions: 0 shift / -1 = the default)."""
+    from ..video_types import video_to_frames_audio
+
+    frames, rate, wave, sr = video_to_frames_audio(video)
+    override = audio_to_waveform(audio)
+    if override is not None:
+        wave, sr = override
+    grow, feather = edit_mask_shaping(mask, mask_grow, mask_feather)
+    return H3Request(
+        prompt=prompt, steps=steps, seed=seed, video_shift=video_shift or None, audio_shift=audio_shift or None,
+        source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
+        mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
+        audio_level=None if audio_level < 0 else audio_level, mask_grow=grow, mask_feather=feather,
+    )
 
 
 class H3Edit:
@@ -83,11 +110,15 @@ class H3Edit:
                 "audio_level": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.05,
                                           "tooltip": "For blend: 0 = keep .. 1 = regenerate; -1 = the preset's."}),
                 "mask_grow": ("INT", {"default": -1, "min": -1, "max": 512,
-                                      "tooltip": "Grow the mask by this many pixels (at the edit size) first; "
-                                                 "-1 = the preset's (removal 32, replace 16, inpaint 8)."}),
+                                      "tooltip": "Grow the mask by this many pixels (at the edit size; a disk, as "
+                                                 "H3 Mask Draw's grow); -1 = the preset's (removal 40, replace "
+                                                 "22, inpaint 13), or none for a mask H3 Mask Draw already grew "
+                                                 "or feathered."}),
                 "mask_feather": ("INT", {"default": -1, "min": -1, "max": 512,
-                                         "tooltip": "Soft edge outside the grown mask, in pixels, for the final "
-                                                    "pixel composite; -1 = the preset's."}),
+                                         "tooltip": "Soft edge around the grown mask, in pixels (as H3 Mask Draw's "
+                                                    "feather), for the final pixel composite; -1 = the preset's "
+                                                    "(removal 16, replace 12, inpaint 8), or none for a mask H3 "
+                                                    "Mask Draw already grew or feathered."}),
             },
             "optional": {
                 "audio": ("AUDIO", {"tooltip": "Use this soundtrack as the source instead of the video's own."}),
@@ -103,21 +134,11 @@ class H3Edit:
 
     def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0,
              audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None):
-        from ..video_types import video_to_frames_audio
-
-        frames, rate, wave, sr = video_to_frames_audio(video)
-        override = audio_to_waveform(audio)
-        if override is not None:
-            wave, sr = override
-        request = H3Request(
-            prompt=prompt, steps=steps, seed=seed, video_shift=video_shift or None, audio_shift=audio_shift or None,
-            source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
-            mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
-            audio_level=None if audio_level < 0 else audio_level,
-            mask_grow=None if mask_grow < 0 else mask_grow, mask_feather=None if mask_feather < 0 else mask_feather,
-        )
-        result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r))
+        request = edit_request(video, mask, preset, prompt, steps, seed, video_shift, audio_shift, audio_mode,
+                               audio_level, mask_grow, mask_feather, audio)
+        shaped = mask_shaping(mask)
+        result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
         out = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
-        return {"ui": {"text": [edit_summary(preset, result)]},
+        return {"ui": {"text": [edit_summary(preset, result, shaped)]},
                 "result": (out, waveform_to_audio(result.audio, result.sample_rate),
                            H3Latents(result.video_latents, result.audio_latents, result.fps))}

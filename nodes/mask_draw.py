@@ -8,6 +8,7 @@ from __future__ import annotations
 from .. import comfy_services as services
 from ..backend.media.mask_raster import (COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert, paint_over,
                                          parse_state, rasterize_state)
+from ..types import mark_mask_shaping
 from ..video_types import as_h3_video
 
 
@@ -32,10 +33,11 @@ class H3MaskDraw:
                                                      "shapes). Edit it with the canvas, not by hand."}),
                 "grow": ("INT", {"default": 0, "min": -256, "max": 256, "step": 1,
                                  "tooltip": "Grow the mask by this many pixels (a disk dilation); negative "
-                                            "shrinks it."}),
+                                            "shrinks it. For H3 Edit leave 0: its preset grows and feathers the "
+                                            "mask (a mask grown or feathered here it takes as it is)."}),
                 "feather": ("INT", {"default": 0, "min": 0, "max": 256, "step": 1,
                                     "tooltip": "Soften the edge over about this many pixels (a gaussian-like "
-                                               "blur)."}),
+                                               "blur). For H3 Edit leave 0, as grow."}),
                 "invert": ("BOOLEAN", {"default": False, "tooltip": "Invert the mask (after grow and feather)."}),
             },
             "optional": {
@@ -77,4 +79,5 @@ class H3MaskDraw:
             masks = rasterize_state(state, frame_count, height, width, check=stop)
         # grow / feather on ComfyUI's device (a GPU unless it runs with --cpu); headless on a GPU when there is one
         device = services.comfy_compute_device() or "auto"
-        return (grow_feather_invert(masks, grow, feather, invert, check=stop, device=device),)
+        shaped = grow_feather_invert(masks, grow, feather, invert, check=stop, device=device)
+        return (mark_mask_shaping(shaped, grow, feather),)  # H3 Edit then adds no preset grow / feather

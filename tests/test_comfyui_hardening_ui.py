@@ -167,7 +167,7 @@ def test_edit_shows_what_it_resolved_in_the_node(comfy, tmp_path):
     tiny model, 1 step), inside the room the layout keeps for it."""
     seen = _browser(comfy, tmp_path, {"editSummary": {"workflow": str(TEMPLATES / "h3_object_removal.json"),
                                                       "steps": 1}})["editSummary"]
-    assert seen["value"].startswith("preset removal: grow 32 px, feather 16 px, audio "), seen["value"]
+    assert seen["value"].startswith("preset removal: grow 40 px, feather 16 px, audio "), seen["value"]
     assert seen["onPage"], "the summary is not shown on the page"
     sizes = {n["type"]: n["size"] for n in seen["before"]}
     assert [n["size"] for n in seen["after"] if n["type"] == "H3_Edit"] == [sizes["H3_Edit"]], "H3 Edit grew"

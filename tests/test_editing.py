@@ -3,15 +3,17 @@ normalisation and its errors, the invariants on the tiny model (kept latents are
 outside the grown mask are the source's encode-decode, inside changes, fractional masks blend monotonically, an
 all-ones mask is t2va), and the node + CLI end to end."""
 
+import json
+import math
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from comfyui_h3.backend.pipelines.h3.editing import (audio_row_mask, frame_to_latent, grow_and_feather,
-                                                     latent_frame_count, mask_to_latent_grid, prepare_source,
-                                                     quantize_up, row_timesteps)
+from comfyui_h3.backend.media import grow_feather_invert
+from comfyui_h3.backend.pipelines.h3.editing import (PRESETS, audio_row_mask, frame_to_latent, latent_frame_count,
+                                                     mask_to_latent_grid, prepare_source, quantize_up, row_timesteps)
 from comfyui_h3.backend.pipelines.h3.geometry import RequestError
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
@@ -60,14 +62,34 @@ def test_levels_timesteps_and_audio_rows():
         audio_row_mask(2, 2, "mute")
 
 
-def test_grow_and_feather():
-    m = torch.zeros(1, 21, 21)
-    m[0, 10, 10] = 1
-    g = grow_and_feather(m, 2, 0)
-    assert g[0, 8:13, 8:13].eq(1).all() and g.sum() == 25
-    f = grow_and_feather(m, 2, 4)
-    assert f[0, 8:13, 8:13].eq(1).all()  # the grown area stays fully regenerated
-    assert 0 < f[0, 10, 14] < 1 and f[0, 10, 0] == 0 and f[0, 10, 13] >= f[0, 10, 14]
+def test_prepare_source_grows_and_feathers_once_by_the_one_definition():
+    # step 4 is media/mask_raster's grow_feather_invert (H3 Mask Draw's), applied once at the canvas size
+    frames = np.zeros((124, 64, 96, 3), np.uint8)
+    mask = np.zeros((124, 64, 96), np.float32)
+    mask[60, 30, 40] = 1.0
+    mask[10:20, 5:15, 70:80] = 0.6
+    src = prepare_source(frames, mask, 24.0, 6, 4)
+    assert torch.equal(src.mask, grow_feather_invert(torch.from_numpy(mask), 6, 4))
+    one = prepare_source(frames, mask[60], 24.0, 6, 4)  # a single frame: shaped once, then held
+    assert torch.equal(one.mask, grow_feather_invert(torch.from_numpy(mask[60:61]), 6, 4).expand(124, -1, -1))
+    with pytest.raises(RequestError, match="grow and feather"):
+        prepare_source(frames, mask, 24.0, -1, 0)
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_keep_the_mask_fully_regenerated_with_the_soft_edge_around_it(name):
+    p = PRESETS[name]
+    lone = torch.zeros(1, 121, 121)
+    lone[0, 60, 60] = 1.0  # a lone pixel: the hardest mask to keep whole
+    blobs = (torch.rand((2, 121, 121), generator=torch.Generator().manual_seed(1)) > 0.995).float()
+    for mask in (lone, blobs):
+        out = grow_feather_invert(mask, p.grow, p.feather)
+        assert out[mask == 1].eq(1).all(), name  # everything the mask regenerates stays fully regenerated
+    row = grow_feather_invert(lone, p.grow, p.feather)[0, 60, 60:]  # outward: 1, the soft edge, then 0
+    assert (row[:-1] >= row[1:]).all() and row[0] == 1 and row[-1] == 0
+    assert 0 < row[p.grow] < 1  # the edge straddles the grown border ...
+    reach = 3 * math.ceil(p.feather / 3)  # ... and ends where three box blurs of radius ceil(f / 3) stop reaching
+    assert row[p.grow + reach] > 0 and row[p.grow + reach + 1:].eq(0).all()
 
 
 def test_prepare_source_odd_size_and_rate():
@@ -136,9 +158,8 @@ def edit(pipeline, source, **kw):
 
 
 def test_edit_keeps_the_source_outside_and_changes_inside(pipeline, source):
-    from comfyui_h3.backend.pipelines.h3.editing import grow_and_feather as gf
     from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
-    from comfyui_h3.backend.pipelines.h3.pipeline import decode_frames_to_host
+    from comfyui_h3.backend.pipelines.h3.decode import decode_frames_to_host
 
     r = edit(pipeline, source, mask_grow=6, mask_feather=4, audio_mode="keep")
     info = r.edit
@@ -153,7 +174,7 @@ def test_edit_keeps_the_source_outside_and_changes_inside(pipeline, source):
     assert torch.equal(r.audio_latents[:, :, :valid], src_a[:, :, :valid])
     assert not torch.equal(r.audio_latents[:, :, valid:], src_a[:, :, valid:])
     # pixels: outside the grown + feathered mask exactly the source's encode-decode; inside they change
-    pmask = gf(torch.from_numpy(source[2]), 6, 4)
+    pmask = grow_feather_invert(torch.from_numpy(source[2]), 6, 4)
     geo = resolve_geometry(124, 64, 96)
     recon = decode_frames_to_host(pipeline.c.vae, src_v, pipeline.c.device, geo)
     out = pmask == 0
@@ -161,6 +182,55 @@ def test_edit_keeps_the_source_outside_and_changes_inside(pipeline, source):
     inside = pmask == 1
     assert (r.frames[inside].float() - recon[inside].float()).abs().mean() > 2
     assert r.audio.shape == (2, round(124 / 24 * 40) * 800)  # 207 audio latents, hop 800
+
+
+def test_mask_draw_to_edit_shapes_the_mask_once(pipeline, source):
+    """H3 Mask Draw -> H3 Edit: the restore mask is ONE application of the definition, whichever node applies it."""
+    from comfyui_h3.nodes.edit import edit_request
+    from comfyui_h3.nodes.mask_draw import H3MaskDraw
+    from comfyui_h3.video_types import H3Video
+
+    frames, wave, _ = source
+    video = H3Video(torch.from_numpy(frames), 24, wave, 32000)
+    state = json.dumps({"width": 96, "height": 64, "keyframes": [{"frame": 0, "shapes": [
+        {"id": "r", "type": "rect", "x": 40, "y": 24, "w": 8, "h": 8}]}]})
+    p, c = PRESETS["inpaint"], pipeline.c
+
+    def restore(mask, **widgets):
+        request = edit_request(video, mask, "inpaint", "a calm lake", 2, 3, **widgets)
+        request.decode = False
+        return pipeline.run(request).edit["restore_mask"]
+
+    def grid(pixels):
+        return mask_to_latent_grid(pixels, c.spatial_ratio, c.patch_size[1:], c.frames_per_chunk).restore
+
+    drawn, = H3MaskDraw().draw(video, state)  # grow / feather 0, as the shipped workflows leave them
+    once = grid(grow_feather_invert(drawn, p.grow, p.feather))
+    twice = grid(grow_feather_invert(grow_feather_invert(drawn, p.grow, p.feather), p.grow, p.feather))
+    assert not torch.equal(once, twice)  # the latent grid tells one application from two
+    assert torch.equal(restore(drawn), once)  # the preset shapes the drawing, once
+    shaped, = H3MaskDraw().draw(video, state, grow=p.grow, feather=p.feather)
+    assert torch.equal(restore(shaped), once)  # shaped in Mask Draw: the preset adds nothing
+    assert torch.equal(restore(shaped, mask_grow=p.grow, mask_feather=p.feather), twice)  # asked for twice: twice
+
+
+def test_shipped_edit_workflows_let_the_preset_shape_the_mask():
+    """Every shipped H3 Mask Draw -> H3 Edit leaves Mask Draw's grow / feather at 0 and H3 Edit's at the preset's
+    (-1): the mask is shaped once, by the preset the workflow names."""
+    from comfyui_h3.cli import workflows_dir
+
+    edits = 0
+    for path in sorted(workflows_dir().glob("*.api.json")):
+        api = json.loads(path.read_text())
+        for node in api.values():
+            if node["class_type"] != "H3_Edit":
+                continue
+            edits += 1
+            source = api[node["inputs"]["mask"][0]]
+            assert source["class_type"] == "H3_MaskDraw", path.name
+            assert (source["inputs"]["grow"], source["inputs"]["feather"]) == (0, 0), path.name
+            assert (node["inputs"]["mask_grow"], node["inputs"]["mask_feather"]) == (-1, -1), path.name
+    assert edits == 3
 
 
 def test_fractional_mask_blends_monotonically(pipeline, source):

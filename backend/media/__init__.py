@@ -7,6 +7,8 @@
   timestamps, rotation, resize), `plan_frames` + `decode_planned_frames` / `decode_planned_audio` (lazy decode),
   `probe_video`.
 - resize.py: `plan_resize` / `apply_resize` / `resize_frames` (H3 canvas, multiple of 32, target; crop or pad).
+- mask_raster.py: H3 Mask Draw's drawing -> MASK frames, and `grow_feather_invert`: the pack's one definition of a
+  mask's grow (Euclidean disk dilation / erosion) and feather (three box blurs), used by H3 Mask Draw and H3 Edit.
 
 Names are resolved lazily, so a GPU worker that only converts frames never imports PyAV.
 """
@@ -38,6 +40,7 @@ _EXPORTS = {
     "iter_uint8_chunks": "frames",
     "uint8_to_image": "frames",
     "video_to_uint8": "frames",
+    "grow_feather_invert": "mask_raster",
 }
 
 __all__ = sorted(_EXPORTS)

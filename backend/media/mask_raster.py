@@ -270,8 +270,9 @@ def paint_over(state: Any, base: torch.Tensor, check: Callable[[], None] | None 
 
 # -- grow / feather -----------------------------------------------------------------------------------------------
 # The definition is the module docstring's (grow: grayscale dilation / erosion by the Euclidean disk dx^2 + dy^2 <= g^2,
-# outside the frame 0 for the dilation; feather: three box blurs); these functions are its one implementation (the
-# editor's preview in js/mask_logic.js mirrors it with direct loops).
+# outside the frame 0 for the dilation; feather: three box blurs); these functions are its one implementation in the
+# pack: H3 Mask Draw's and H3 Edit's grow / feather (pipelines/h3/editing.prepare_source) both run it, and the
+# editor's preview in js/mask_logic.js mirrors it with direct loops.
 # Method: the disk is a stack of horizontal chords, row dy spanning |dx| <= h(dy) = isqrt(g^2 - dy^2). The maximum
 # over any chord comes in two lookups from a sparse table of row maxima over power-of-two windows (log2(2g + 1)
 # passes), so a dilation costs O(g) whole-tensor passes instead of O(g^2); chords and rows past the frame's size are

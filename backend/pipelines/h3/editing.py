@@ -9,9 +9,13 @@ Source normalisation (`prepare_source`), in this order, the mask always resample
      shorter than 5 s (124 frames at 24 fps) is refused;
   3. size: if H*W exceeds the canvas pixel cap the frames are area-downscaled (PIL BOX; the mask by area averaging),
      then centre-CROPPED (never resampled) to multiples of 32, so the kept pixels stay the source's own pixels.
-  4. mask growth then feather, in pixels at the canvas size (`grow_and_feather`): growth is a square max-dilation by
-     `grow` px; feather adds an OUTWARD ramp `feather` px wide (dilate by ceil(f/2), box blur radius ceil(f/2), max
-     with the grown mask), so everything the grown mask regenerates stays fully regenerated.
+  4. grow then feather, once, in pixels at the canvas size, by the pack's one definition (media/mask_raster.py,
+     `grow_feather_invert`, the one H3 Mask Draw uses): grow = dilation by the Euclidean disk of radius `grow`;
+     feather = three box blurs of radius ceil(feather / 3), a soft edge centred on the grown border. The presets
+     (PRESETS) keep the given mask fully regenerated: their grow covers their feather's reach
+     (2 * (3 * ceil(feather / 3))^2 <= grow^2), so every pixel the mask regenerates stays exactly 1 and the soft
+     edge lies around it. (A mask H3 Mask Draw already grew or feathered reaches here with grow = feather = 0:
+     nodes/edit.py; a mask is shaped once.)
 
 Temporal rule (derived from the video VAE, not hard-coded): the encoder cuts `clip_length` (17) frame chunks and
 left-pads each with `pre = (-clip_length) % ratio` (3) frames before its stride-`ratio` (4) temporal patching, giving
@@ -41,7 +45,7 @@ missing) source soundtrack are forced to 1 (the source is zero-padded there). Th
 audio rows, whose anchor is the clean source (as the reference does).
 
 Pixel composite after decode: out = lerp(recon, edited, pixel_mask) with recon = a plain decode of the encoded source
-latents and pixel_mask the grown+feathered full-resolution mask; rounded to uint8. Where the pixel mask is 0 the
+latents and pixel_mask the grown + feathered (step 4) canvas-size mask; rounded to uint8. Where the pixel mask is 0 the
 output IS the encode-decode of the source (bit for bit), which hides the VAE decoder's spatial/temporal reach
 (clip overlap blend, tiling) across the latent mask's border. The soundtrack is not composited in sample space:
 kept audio rows decode from the source latents.
@@ -56,6 +60,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...media.mask_raster import grow_feather_invert
 from .geometry import FPS, MAX_SECONDS, MIN_SECONDS, RequestError, snap_frames
 
 QUANT_LEVELS = 256
@@ -65,7 +70,8 @@ AUDIO_MODES = ("keep", "regenerate", "blend")
 
 @dataclass(frozen=True)
 class Preset:
-    """Defaults a preset brings: mask growth / feather in canvas pixels and audio handling."""
+    """Defaults a preset brings: mask grow / feather in canvas pixels (media/mask_raster.py's definition, as H3 Mask
+    Draw's widgets) and audio handling."""
 
     name: str
     grow: int
@@ -75,15 +81,19 @@ class Preset:
     description: str
 
 
+# Each soft edge sits where the earlier presets' outward ramp (grow g0, then a ramp f0 px wide outside it) had its
+# middle: grow = g0 + f0 / 2, feather = f0 (about as wide a ramp); and every grow covers its feather's reach (module
+# docstring, step 4; inpaint's 12 would not: 13), so the given mask stays fully regenerated. tests/test_editing.py
+# checks that for each preset.
 PRESETS = {
-    "removal": Preset("removal", 32, 16, "blend", 0.5,
-                      "remove what the mask covers: grow 32 px (room for the object's shadow and edge), feather 16 px, "
-                      "audio half regenerated (its sound may go with it)"),
-    "replace": Preset("replace", 16, 12, "blend", 0.5,
-                      "replace what the mask covers with what the prompt says: grow 16 px, feather 12 px, audio half "
+    "removal": Preset("removal", 40, 16, "blend", 0.5,
+                      "remove what the mask covers: grow 40 px (room for the object's shadow and edge), feather 16 px "
+                      "around that, audio half regenerated (its sound may go with it)"),
+    "replace": Preset("replace", 22, 12, "blend", 0.5,
+                      "replace what the mask covers with what the prompt says: grow 22 px, feather 12 px, audio half "
                       "regenerated"),
-    "inpaint": Preset("inpaint", 8, 8, "keep", 0.0,
-                      "fill the masked area so it fits its surroundings: grow 8 px, feather 8 px, audio kept"),
+    "inpaint": Preset("inpaint", 13, 8, "keep", 0.0,
+                      "fill the masked area so it fits its surroundings: grow 13 px, feather 8 px, audio kept"),
 }
 
 
@@ -182,34 +192,6 @@ def audio_row_mask(num_latents: int, valid_latents: int, mode: str, level: float
 
 
 # -- pixel-space mask work -----------------------------------------------------------------------------------------
-def _dilate(mask: torch.Tensor, radius: int) -> torch.Tensor:
-    if radius <= 0:
-        return mask
-    return F.max_pool2d(mask[:, None], 2 * radius + 1, stride=1, padding=radius)[:, 0]
-
-
-def _box_blur(mask: torch.Tensor, radius: int) -> torch.Tensor:
-    if radius <= 0:
-        return mask
-    x = F.pad(mask[:, None], (radius, radius, radius, radius), mode="replicate")
-    return F.avg_pool2d(x, 2 * radius + 1, stride=1)[:, 0]
-
-
-def grow_and_feather(mask: torch.Tensor, grow: int, feather: int, chunk: int = 16) -> torch.Tensor:
-    """[F, H, W] float -> grown (square dilation by `grow` px) and outward-feathered mask, same shape, 0..1.
-    Where the grown mask is 1 the result is 1; the ramp lies outside it, about `feather` px wide."""
-    if grow < 0 or feather < 0:
-        raise RequestError(f"mask grow and feather must be >= 0 px, got {grow} and {feather}.")
-    out = []
-    half = math.ceil(feather / 2)
-    for i in range(0, mask.shape[0], chunk):
-        m = _dilate(mask[i:i + chunk].float(), grow)
-        if feather:
-            m = torch.maximum(m, _box_blur(_dilate(m, half), half))
-        out.append(m.clamp(0.0, 1.0))
-    return torch.cat(out) if out else mask.float()
-
-
 def composite_frames(recon: torch.Tensor, edited: torch.Tensor, mask: torch.Tensor, chunk: int = 16) -> torch.Tensor:
     """uint8 [F, H, W, 3] x2 + float mask [F, H, W] -> uint8 lerp(recon, edited, mask), round half-even.
     Exactly `recon` where mask == 0 and exactly `edited` where mask == 1."""
@@ -336,8 +318,10 @@ def prepare_source(frames: np.ndarray, mask, fps: float, grow: int, feather: int
     mask = mask[:n] if mask.shape[0] > 1 else mask
     # 3. size: area-downscale over the pixel cap, then centre-crop to multiples of `multiple`
     frames, mask = fit_canvas(frames, mask, multiple, max_pixels)
-    # 4. grow + feather at the canvas size; a single mask frame broadcasts over time
-    mask = grow_and_feather(mask, grow, feather)
+    # 4. grow + feather at the canvas size (the one definition); a single mask frame broadcasts over time
+    if grow < 0 or feather < 0:
+        raise RequestError(f"mask grow and feather must be >= 0 px, got {grow} and {feather}.")
+    mask = grow_feather_invert(mask, grow, feather)
     if mask.shape[0] == 1:
         mask = mask.expand(n, -1, -1)
     return EditSource(frames, mask.contiguous())
