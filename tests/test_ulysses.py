@@ -16,6 +16,7 @@ from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig
+from comfyui_h3.backend.parallel.context import ParallelContext
 from comfyui_h3.backend.parallel.ulysses import SequenceShard, alltoall_bytes_per_layer
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
 from comfyui_h3.backend.pipelines.h3.layout import build_layout
@@ -148,7 +149,7 @@ def _decode_rank(rank, world, port, folder, latents_path, out_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     vae = AutoencoderKLMiniMaxH3.from_pretrained(os.path.join(folder, "vae")).eval()
-    chunks = list(iter_decode_video(vae, torch.load(latents_path), "cpu", SequenceShard(rank, world, 1)))
+    chunks = list(iter_decode_video(vae, torch.load(latents_path), "cpu", ParallelContext(rank, world)))
     torch.save(torch.cat(chunks) if chunks else None, os.path.join(out_dir, f"frames{rank}.pt"))
     dist.destroy_process_group()
 

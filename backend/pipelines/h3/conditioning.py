@@ -16,10 +16,9 @@ import torch
 from PIL import Image
 
 from .geometry import FPS, RequestError, resolve_canvas
+from .normalization import normalize_latents, pixels_to_vae
 
 ENCODE_SEED = 42
-PIXEL_MEAN = (0.485, 0.456, 0.406)
-PIXEL_STD = (0.229, 0.224, 0.225)
 MAX_IMAGES, MAX_VIDEOS, MAX_AUDIOS, MAX_REFERENCES = 9, 3, 3, 12
 
 
@@ -159,17 +158,9 @@ class ConditionEncoder:
     @torch.no_grad()
     def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
         """uint8 [1, 3, T, H, W] -> normalised latents [1, 24, T', H/16, W/16] float32 on CPU."""
-        cfg = self.vae.config
-        mean = torch.tensor(PIXEL_MEAN, device=self.device).view(1, -1, 1, 1, 1)
-        std = torch.tensor(PIXEL_STD, device=self.device).view(1, -1, 1, 1, 1)
-        x = (pixels.to(self.device, torch.float32) / 255.0 - mean) / std
-        x = x.to(self.vae.dtype)
-        posterior = self.vae.encode(x, return_dict=False)[0]
+        posterior = self.vae.encode(pixels_to_vae(pixels, self.device, self.vae.dtype), return_dict=False)[0]
         latents = posterior.sample(generator=torch.Generator().manual_seed(ENCODE_SEED))
-        latents = latents.to(torch.float16).float().cpu()
-        lm = torch.tensor(cfg.latents_mean).view(1, -1, 1, 1, 1)
-        ls = torch.tensor(cfg.latents_std).view(1, -1, 1, 1, 1)
-        return (latents - lm) / ls
+        return normalize_latents(self.vae, latents.to(torch.float16).float().cpu())
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:
         return self.encode_pixels(torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)[None, :, None])
@@ -184,8 +175,6 @@ class ConditionEncoder:
     @torch.no_grad()
     def encode_audio(self, waveform: torch.Tensor) -> torch.Tensor:
         """[2, N] float32 at the audio VAE's rate -> normalised rows [2 * Ta, 32] channel-major (posterior mode)."""
-        cfg = self.audio_vae.config
         posterior = self.audio_vae.encode(waveform.to(self.device, self.audio_vae.dtype)[:, None], return_dict=False)[0]
-        latents = posterior.mode().float().cpu().transpose(1, 2)  # [2, Ta, 32]
-        latents = (latents - torch.tensor(cfg.latents_mean).view(1, 1, -1)) / torch.tensor(cfg.latents_std).view(1, 1, -1)
-        return latents.reshape(-1, cfg.latent_channels)
+        latents = normalize_latents(self.audio_vae, posterior.mode().float().cpu())  # [2, 32, Ta]
+        return latents.transpose(1, 2).reshape(-1, self.audio_vae.config.latent_channels)

@@ -1,106 +1,97 @@
 """Latents -> media. Video comes out as uint8 [F, H, W, 3] on the device that decoded it (the float frames never
-leave the GPU: 4x less to copy, see docs/BENCHMARKS.md), audio as float32 [2, N] at the audio VAE's rate."""
+leave the GPU: 4x less to copy, see docs/BENCHMARKS.md), audio as float32 [2, N] at the audio VAE's rate.
+
+With several ranks the video decode is shared (`iter_decode_video`, `decode_frames_to_host`): every rank calls it,
+clip i is decoded by rank i % world, and rank 0 (the driver) assembles the frames; the other ranks get nothing.
+This is the one rank-aware decode every task uses.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .stream_decode import (ClipAssembler, StreamingVideoDecoder, denormalize_video, padded_tail_frames,
-                            vae_pixels)
-
-
-def _denormalize_whole(vae, latents: torch.Tensor, device) -> torch.Tensor:
-    cfg = vae.config
-    mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1, 1, 1)
-    std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1, 1, 1)
-    return (latents.to(device, torch.float32) * std + mean).to(vae.dtype)
+from ...media.stream_writer import HostFrameCollector
+from ...parallel.context import SINGLE, ParallelContext
+from .normalization import denormalize_latents
+from .stream_decode import StreamingVideoDecoder
+from .vae_clips import ClipAssembler, can_stream_decode, clip_input_latents, clip_schedule, clip_window, pad_tail, \
+    vae_pixels
 
 
 @torch.no_grad()
 def decode_video(vae, latents: torch.Tensor, device) -> torch.Tensor:
     """Normalised latents [1, 24, T, h, w] -> uint8 frames [F, H, W, 3] on `device` (one whole `vae.decode`)."""
-    return vae_pixels(vae.decode(_denormalize_whole(vae, latents, device), return_dict=False)[0], device)
-
-
-def can_stream_decode(vae) -> bool:
-    """True when the VAE exposes diffusers' clip-by-clip decode pieces (AutoencoderKLMiniMaxH3, diffusers 0.42)."""
-    return all(hasattr(vae, name) for name in ("_decode_clip", "_blend", "tokens_chunk_size", "token_overlap",
-                                                "frame_pre_padding", "frame_overlap", "temporal_compression_ratio"))
-
-
-def _clip_schedule(vae, latents: torch.Tensor, device):
-    """The clip plan of diffusers' `AutoencoderKLMiniMaxH3._decode`: (inputs of each clip [1, C, size + look-ahead,
-    h, w], from the denormalised tail-padded latents; frames of padded tail to cut)."""
-    z = denormalize_video(vae, latents, device)
-    size, drop = vae.tokens_chunk_size, int(vae.config.token_drop)
-    num_tokens = z.shape[2] + drop
-    pad_tokens = (-num_tokens) % size
-    num_clips = (num_tokens + pad_tokens) // size - int(drop > 0)
-    real_tokens = z.shape[2]
-    if pad_tokens:
-        z = torch.cat([z, z[:, :, -1:].repeat(1, 1, pad_tokens, 1, 1)], dim=2)
-    inputs = [z[:, :, i * size:i * size + size + vae.token_overlap] for i in range(num_clips)]
-    return inputs, padded_tail_frames(vae, real_tokens, pad_tokens)
+    return vae_pixels(vae.decode(denormalize_latents(vae, latents, device), return_dict=False)[0], device)
 
 
 @torch.no_grad()
-def iter_decode_video(vae, latents: torch.Tensor, device, shard=None):
+def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE):
     """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
     yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
 
-    The released VAE decodes clip by clip (`tokens_chunk_size` latent frames + `token_overlap` look-ahead, a
-    non-causal ViT per clip) and cross-fades `frame_overlap` frames between neighbours; a clip's frames are final once
-    the next clip's head has been blended into its tail. This walks the same schedule as diffusers'
-    `AutoencoderKLMiniMaxH3._decode` (same clip inputs, same blend, same tail cut), so each chunk can go to the
-    encoder while the next clip decodes. A VAE without those pieces is decoded whole and yielded in one chunk.
+    The released VAE decodes clip by clip and cross-fades neighbours (vae_clips.py); a clip's frames are final once
+    the next clip's head has been blended into its tail, so each chunk can go to the encoder while the next clip
+    decodes. A VAE without those pieces is decoded whole and yielded in one chunk.
 
-    `shard` (parallel.ulysses.SequenceShard, world > 1): clips are independent until the blend, so rank r decodes
-    clips r, r + N, ... and the decoded clips are broadcast from their owners; every rank then blends the same
-    tensors, so the result equals the one-rank decode bit for bit.
+    Several ranks (`parallel.world` > 1): clips are independent until the blend, so rank r decodes clips r, r + N, ...
+    and the decoded clips are broadcast from their owners; every rank then has the same tensors, and rank 0 blends
+    and yields them, so the result equals the one-rank decode bit for bit. The other ranks yield nothing.
     """
     if not can_stream_decode(vae) or latents.shape[0] != 1:
-        yield vae_pixels(vae.decode(_denormalize_whole(vae, latents, device), return_dict=False)[0], device)
+        yield decode_video(vae, latents, device)
         return
-    if shard is None or shard.world == 1:
+    if not parallel.is_parallel:
         decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2])
         yield from decoder.push(latents)
         yield from decoder.finish()
         return
-    inputs, pad_frames = _clip_schedule(vae, latents, device)
-    clips = _decode_clips_shared(vae, inputs, shard)
-    if shard.rank != 0:  # the other ranks only decode their clips; rank 0 assembles the video
+    schedule = clip_schedule(vae, latents.shape[2])
+    z = pad_tail(clip_input_latents(vae, latents, device), schedule.pad_latents)
+    clips = _decode_clips_shared(vae, [clip_window(vae, z, i) for i in range(schedule.num_clips)], parallel)
+    if not parallel.is_driver:  # the other ranks only decode their clips; rank 0 assembles the video
         return
-    assembler = ClipAssembler(vae, device, hold_frames=pad_frames)
+    assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames)
     for clip in clips:
         yield from assembler.add(clip)
-    yield from assembler.finish(pad_frames)
+    yield from assembler.finish(schedule.pad_frames)
 
 
-def _decode_clips_shared(vae, inputs: list[torch.Tensor], shard) -> list[torch.Tensor]:
-    import torch.distributed as dist
-
+def _decode_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext) -> list[torch.Tensor]:
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    mine = {i: vae._decode_clip(clip) for i, clip in enumerate(inputs) if i % shard.world == shard.rank}
+    mine = {i: vae._decode_clip(clip) for i, clip in enumerate(inputs) if parallel.owns(i)}
     clips = []
     for i in range(len(inputs)):
-        owner, device = i % shard.world, inputs[i].device
+        owner, device = parallel.owner(i), inputs[i].device
         # shape (5 dims) + dtype code: a rank may own no clip of its own to read them from
-        meta = (list(mine[i].shape) + [dtypes.index(mine[i].dtype)]) if owner == shard.rank else [0] * 6
-        meta = torch.tensor(meta, dtype=torch.long, device=device)
-        dist.broadcast(meta, src=owner, group=shard.group)
+        meta = (list(mine[i].shape) + [dtypes.index(mine[i].dtype)]) if i in mine else [0] * 6
+        meta = parallel.broadcast_from(owner, torch.tensor(meta, dtype=torch.long, device=device))
         shape, dtype = tuple(meta[:5].tolist()), dtypes[int(meta[5])]
-        clip = mine[i].contiguous() if owner == shard.rank else torch.empty(shape, dtype=dtype, device=device)
-        dist.broadcast(clip, src=owner, group=shard.group)
-        clips.append(clip)
+        clip = mine[i].contiguous() if i in mine else torch.empty(shape, dtype=dtype, device=device)
+        clips.append(parallel.broadcast_from(owner, clip))
     return clips
+
+
+def decode_frames_to_host(vae, latents: torch.Tensor, device, geo, parallel: ParallelContext = SINGLE):
+    """The rank-aware video decode: every rank calls it; rank 0 gets uint8 [F, H, W, 3] on the CPU (`geo`: the
+    request's Geometry), the other ranks decode their clips for it and get None. Each clip becomes uint8 on the device
+    and is copied to the host through pinned, double-buffered chunks on a side stream while the next clip decodes."""
+    chunks = iter_decode_video(vae, latents, device, parallel)
+    if not parallel.is_driver:
+        for _ in chunks:
+            pass
+        return None
+    collector = HostFrameCollector(geo.width, geo.height, geo.num_frames, device=device)
+    try:
+        for chunk in chunks:
+            collector.write(chunk)
+    except BaseException:
+        collector.abort()
+        raise
+    return collector.close()
 
 
 @torch.no_grad()
 def decode_audio(audio_vae, latents: torch.Tensor, device) -> torch.Tensor:
     """Normalised audio latents [2, 32, Ta] -> waveform [2, N] float32 on CPU."""
-    cfg = audio_vae.config
-    mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1)
-    std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1)
-    x = latents.to(device, torch.float32) * std + mean
-    wave = audio_vae.decode(x.to(audio_vae.dtype), return_dict=False)[0].float()  # [2, 1, N]
+    wave = audio_vae.decode(denormalize_latents(audio_vae, latents, device), return_dict=False)[0].float()  # [2, 1, N]
     return wave[:, 0].cpu()

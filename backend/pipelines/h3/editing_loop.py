@@ -29,8 +29,7 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     """pipe: the H3Pipeline (its components, rank/world and text sharing). Returns task "edit" with `edit` info:
     restore mask [T_lat, h, w], token mask [T_lat, h/2, w/2], audio row mask [2*Ta], source latents (video
     [1, 24, T, h, w], audio [2, 32, Ta]) and the resolved preset values."""
-    from .pipeline import decode_frames_to_host
-    from .decode import decode_audio, iter_decode_video
+    from .decode import decode_audio, decode_frames_to_host
 
     req = pipe.c.with_folder_shifts(req)  # unset shifts: the model folder's
     req.validate()
@@ -101,14 +100,9 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     frames = audio = None
     if req.decode:
         t2 = time.perf_counter()
-        if pipe.world > 1 and pipe.rank != 0:  # decode clips for rank 0, which assembles both videos
-            for latents in (video_latents, clean_video):
-                for _ in iter_decode_video(c.vae, latents, dev, SequenceShard(pipe.rank, pipe.world, 1)):
-                    pass
-        else:
-            shard = SequenceShard(pipe.rank, pipe.world, 1) if pipe.world > 1 else None
-            edited = decode_frames_to_host(c.vae, video_latents, dev, geo, shard)
-            recon = decode_frames_to_host(c.vae, clean_video, dev, geo, shard)
+        edited = decode_frames_to_host(c.vae, video_latents, dev, geo, pipe.parallel)
+        recon = decode_frames_to_host(c.vae, clean_video, dev, geo, pipe.parallel)
+        if pipe.parallel.is_driver:  # rank 0 assembled both videos
             frames = composite_frames(recon, edited, src.mask)
             audio = decode_audio(c.audio_vae, audio_latents, dev)
         timings["decode_s"] = time.perf_counter() - t2

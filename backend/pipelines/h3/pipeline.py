@@ -16,8 +16,7 @@ from ...parallel.context import SINGLE, ParallelContext
 from ...parallel.ulysses import SequenceShard
 from .components import H3Components
 from .conditioning import normalize_references, prepare_keyframes
-from ...media.stream_writer import HostFrameCollector
-from .decode import decode_audio, iter_decode_video
+from .decode import decode_audio, decode_frames_to_host
 from .geometry import Geometry, RequestError, resolve_canvas, resolve_geometry
 from .layout import (CONDITION_T, PackedLayout, ReferenceBlock, audio_rows_to_latents, build_layout,
                      build_reference_layout, patchify, unpatchify)
@@ -26,19 +25,6 @@ from .schedule import DualSchedule, euler_step, row_timestep_plan
 from .step_plan import Cancelled, request_rope, step_segments, stop_at_boundary  # noqa: F401 - Cancelled: its public home
 
 StepCallback = Callable[[int, int], None]  # (steps done, total)
-
-
-def decode_frames_to_host(vae, video_latents: torch.Tensor, device, geo: Geometry, shard=None) -> torch.Tensor:
-    """VAE decode clip by clip; each clip becomes uint8 on the device and is copied to the host through pinned,
-    double-buffered chunks on a side stream while the next clip decodes. Returns uint8 [F, H, W, 3] on the CPU."""
-    collector = HostFrameCollector(geo.width, geo.height, geo.num_frames, device=device)
-    try:
-        for chunk in iter_decode_video(vae, video_latents, device, shard):
-            collector.write(chunk)
-    except BaseException:
-        collector.abort()
-        raise
-    return collector.close()
 
 
 class H3Pipeline:
@@ -156,12 +142,8 @@ class H3Pipeline:
         frames = wave = None
         if req.decode:
             t2 = time.perf_counter()
-            if self.world > 1 and self.rank != 0:  # decode clips for rank 0, which assembles the video
-                for _ in iter_decode_video(c.vae, video_latents, dev, SequenceShard(self.rank, self.world, 1)):
-                    pass
-            else:
-                shard = SequenceShard(self.rank, self.world, 1) if self.world > 1 else None
-                frames = decode_frames_to_host(c.vae, video_latents, dev, geo, shard)
+            frames = decode_frames_to_host(c.vae, video_latents, dev, geo, self.parallel)
+            if self.parallel.is_driver:
                 wave = decode_audio(c.audio_vae, audio_latents, dev)
             timings["decode_s"] = time.perf_counter() - t2
         timings["total_s"] = time.perf_counter() - t0

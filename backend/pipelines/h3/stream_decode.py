@@ -2,7 +2,7 @@
 the result of decoding the whole latent sequence at once.
 
 Video: the released VAE decodes `tokens_chunk_size` latent frames per clip plus `token_overlap` look-ahead latents
-(decode.iter_decode_video has the schedule). Clip i reads latents [i*size, i*size + size + look-ahead) only, so it is
+(vae_clips.py has the schedule). Clip i reads latents [i*size, i*size + size + look-ahead) only, so it is
 decoded as soon as those exist and are final; the frames it makes are final once the next clip's head has been
 blended into its tail (`ClipAssembler`). At `finish()` the tail is padded exactly as a whole-sequence decode pads it.
 Only the latents of clips not yet decoded are kept.
@@ -19,85 +19,9 @@ import math
 
 import torch
 
-from .conditioning import PIXEL_MEAN, PIXEL_STD
-
-
-def float_video_to_uint8(video: torch.Tensor) -> torch.Tensor:
-    """[1, 3, F, H, W] float in 0..1 -> [F, H, W, 3] uint8, rounded half-to-even like the reference's PIL path."""
-    return video[0].permute(1, 2, 3, 0).mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
-
-
-def vae_pixels(clip: torch.Tensor, device) -> torch.Tensor:
-    """One decoded clip [1, 3, t, H, W] (VAE space) -> uint8 frames [t, H, W, 3] on `device`."""
-    pm = torch.tensor(PIXEL_MEAN, device=device).view(1, -1, 1, 1, 1)
-    ps = torch.tensor(PIXEL_STD, device=device).view(1, -1, 1, 1, 1)
-    return float_video_to_uint8((clip.float() * ps + pm).clamp(0, 1))
-
-
-def denormalize_video(vae, latents: torch.Tensor, device) -> torch.Tensor:
-    """Normalised latents [1, 24, T, h, w] -> what the VAE's clip decoder reads (its dtype), on `device`."""
-    cfg = vae.config
-    mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1, 1, 1)
-    std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1, 1, 1)
-    x = (latents.to(device, torch.float32) * std + mean).to(vae.dtype)
-    return x.to(next(vae.post_quant_conv.parameters()).dtype)
-
-
-def padded_tail_frames(vae, real_tokens: int, pad_tokens: int) -> int:
-    """Pixel frames the `pad_tokens` repeated latents after `real_tokens` produce (cut from the output)."""
-    ratio, size = vae.temporal_compression_ratio, vae.tokens_chunk_size
-    tail = vae.config.clip_length % ratio
-    return sum(tail if tail and (real_tokens + k) % size == 0 else ratio for k in range(pad_tokens))
-
-
-class ClipAssembler:
-    """Decoded clips (VAE space, in order) -> final uint8 chunks: each clip's head is blended into the previous
-    clip's overlap tail; `hold_frames` final frames are held back until `finish(pad_frames)` cuts the padded tail."""
-
-    def __init__(self, vae, device, hold_frames: int):
-        self.vae, self.device, self.hold = vae, device, int(hold_frames)
-        self.frames_per_clip = vae.tokens_chunk_size * vae.temporal_compression_ratio
-        self.has_overlap = int(vae.config.token_drop) > 0
-        self._pending: list[torch.Tensor] = []
-        self._pending_frames = 0
-        self._overlap = None
-
-    def _emit(self, chunk: torch.Tensor) -> list[torch.Tensor]:
-        self._pending.append(chunk)
-        self._pending_frames += chunk.shape[2]
-        out = []
-        while self._pending and self._pending_frames - self._pending[0].shape[2] >= self.hold:
-            head = self._pending.pop(0)
-            self._pending_frames -= head.shape[2]
-            out.append(vae_pixels(head, self.device))
-        return out
-
-    def add(self, clip: torch.Tensor) -> list[torch.Tensor]:
-        vae, n, out = self.vae, self.frames_per_clip, []
-        for j in range(int(self.has_overlap) + 1):
-            chunk = clip[:, :, j * n:(j + 1) * n][:, :, vae.frame_pre_padding:]
-            if j == 0:
-                if self._overlap is not None:
-                    chunk = vae._blend(self._overlap, chunk, vae.frame_overlap, dim=-3)
-                out += self._emit(chunk)
-            else:
-                self._overlap = chunk
-        return out
-
-    def finish(self, pad_frames: int) -> list[torch.Tensor]:
-        if pad_frames > self.hold:
-            raise ValueError(f"{pad_frames} padded frames to cut but only {self.hold} were held back")
-        out = []
-        if self._overlap is not None:
-            out += self._emit(self._overlap)
-            self._overlap = None
-        if self._pending:
-            rest = torch.cat(self._pending, dim=2)
-            self._pending, self._pending_frames = [], 0
-            keep = rest.shape[2] - pad_frames
-            if keep > 0:
-                out.append(vae_pixels(rest[:, :, :keep], self.device))
-        return out
+from .normalization import denormalize_latents
+from .vae_clips import ClipAssembler, can_stream_decode, clip_input_latents, clip_schedule, clip_window, pad_tail, \
+    vae_pixels
 
 
 class StreamingVideoDecoder:
@@ -107,8 +31,6 @@ class StreamingVideoDecoder:
     can be: (size - 1) * ratio frames)."""
 
     def __init__(self, vae, device, total_latents: int | None = None):
-        from .decode import can_stream_decode
-
         self.vae, self.device = vae, device
         self.streaming = can_stream_decode(vae)
         self.total = 0  # latents pushed so far
@@ -117,14 +39,13 @@ class StreamingVideoDecoder:
         self._next_clip = 0
         if self.streaming:
             self.size, self.look = vae.tokens_chunk_size, vae.token_overlap
-            self.drop = int(vae.config.token_drop)
             hold = (self.size - 1) * vae.temporal_compression_ratio
             if total_latents is not None:
-                hold = padded_tail_frames(vae, total_latents, (-(total_latents + self.drop)) % self.size)
+                hold = clip_schedule(vae, total_latents).pad_frames
             self._assembler = ClipAssembler(vae, device, hold_frames=hold)
 
     def push(self, latents: torch.Tensor) -> list[torch.Tensor]:
-        x = denormalize_video(self.vae, latents, self.device)
+        x = clip_input_latents(self.vae, latents, self.device)
         self._z = x if self._z is None else torch.cat([self._z, x], dim=2)
         self.total += x.shape[2]
         if not self.streaming:
@@ -139,32 +60,21 @@ class StreamingVideoDecoder:
         return out
 
     def _decode_clip(self, i: int) -> list[torch.Tensor]:
-        start = i * self.size - self._base
-        return self._assembler.add(self.vae._decode_clip(self._z[:, :, start:start + self.size + self.look]))
+        return self._assembler.add(self.vae._decode_clip(clip_window(self.vae, self._z, i, self._base)))
 
     def finish(self) -> list[torch.Tensor]:
         if self._z is None:
             return []
         if not self.streaming:  # a VAE without the clip pieces: one whole decode
             return [vae_pixels(self.vae.decode(self._z, return_dict=False)[0], self.device)]
-        num_tokens = self.total + self.drop
-        pad = (-num_tokens) % self.size
-        num_clips = (num_tokens + pad) // self.size - int(self.drop > 0)
-        if pad:
-            self._z = torch.cat([self._z, self._z[:, :, -1:].repeat(1, 1, pad, 1, 1)], dim=2)
+        schedule = clip_schedule(self.vae, self.total)
+        self._z = pad_tail(self._z, schedule.pad_latents)
         out = []
-        for i in range(self._next_clip, num_clips):
+        for i in range(self._next_clip, schedule.num_clips):
             out += self._decode_clip(i)
-        out += self._assembler.finish(padded_tail_frames(self.vae, self.total, pad))
+        out += self._assembler.finish(schedule.pad_frames)
         self._z = None
         return out
-
-
-def _denormalize_audio(audio_vae, latents: torch.Tensor, device) -> torch.Tensor:
-    cfg = audio_vae.config
-    mean = torch.tensor(cfg.latents_mean, device=device).view(1, -1, 1)
-    std = torch.tensor(cfg.latents_std, device=device).view(1, -1, 1)
-    return (latents.to(device, torch.float32) * std + mean).to(audio_vae.dtype)
 
 
 def _decode_audio_raw(audio_vae, x: torch.Tensor) -> torch.Tensor:
@@ -227,7 +137,7 @@ class StreamingAudioDecoder:
             return torch.zeros(2, 0)
         lo = max(0, self.emitted - self.reach)
         hi = min(self.total, end + self.reach)
-        x = _denormalize_audio(self.audio_vae, self._buffer[:, :, lo - self._base:hi - self._base], self.device)
+        x = denormalize_latents(self.audio_vae, self._buffer[:, :, lo - self._base:hi - self._base], self.device)
         wave = _decode_audio_raw(self.audio_vae, x).cpu()
         out = wave[:, (self.emitted - lo) * self.hop:(end - lo) * self.hop]
         self.emitted = end
