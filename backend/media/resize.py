@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .canvas import MAX_ASPECT, MIN_ASPECT, resolve_canvas
+
 RESIZE_MODES = ("none", "H3 canvas", "multiple of 32", "target size")
 FIT_MODES = ("crop", "pad")
 CANVAS_MULTIPLE = 32
@@ -43,8 +45,6 @@ def _round_multiple(value: float, multiple: int) -> int:
 def h3_canvas_size(src_w: int, src_h: int) -> tuple[int, int]:
     """(width, height) of MiniMax-H3's canvas for this source's aspect (short edge 768, area cap 768*1344, multiple 32;
     aspects beyond 1:4 .. 4:1 are clamped there and the fit crops or pads the rest)."""
-    from ..pipelines.h3.geometry import MAX_ASPECT, MIN_ASPECT, resolve_canvas
-
     ratio = min(max(src_w / src_h, MIN_ASPECT), MAX_ASPECT)
     height, width = resolve_canvas(ratio, 1.0, multiple=CANVAS_MULTIPLE)
     return width, height

@@ -11,33 +11,15 @@ import math
 from dataclasses import dataclass
 
 from ...errors import RequestError  # noqa: F401 - H3 code raises it from here
+# The canvas rule is shared with the media layer (Load Video's "H3 canvas" resize), so it lives below both.
+from ...media.canvas import CANVAS_MAX_PIXELS, CANVAS_SHORT_EDGE, MAX_ASPECT, MIN_ASPECT, resolve_canvas  # noqa: F401
 
 FPS = 24
 MIN_SECONDS = 5.0
 MAX_SECONDS = 15.0
 AUDIO_LATENTS_PER_SECOND = 40
 AUDIO_CHANNELS = 2
-CANVAS_SHORT_EDGE = 768
-CANVAS_MAX_PIXELS = 768 * 1344
-MIN_ASPECT, MAX_ASPECT = 1 / 4, 4.0
 VIDEO_TAG, TEXT_TAG, AUDIO_TAG = 0, 1, 2
-
-
-
-
-def resolve_canvas(aspect_w: float, aspect_h: float, multiple: int = 32, short_edge: int = CANVAS_SHORT_EDGE,
-                   max_pixels: int = CANVAS_MAX_PIXELS) -> tuple[int, int]:
-    """Aspect ratio (or source size) -> (height, width) on H3's canvas rule."""
-    if aspect_w <= 0 or aspect_h <= 0:
-        raise RequestError(f"Aspect ratio must be positive, got {aspect_w}:{aspect_h}.")
-    ratio = aspect_w / aspect_h
-    if not MIN_ASPECT <= ratio <= MAX_ASPECT:
-        raise RequestError(f"MiniMax-H3 supports aspect ratios 1:4 to 4:1, got {aspect_w}:{aspect_h} ({ratio:.3g}).")
-    width, height = (short_edge * ratio, float(short_edge)) if ratio >= 1 else (float(short_edge), short_edge / ratio)
-    if width * height > max_pixels:
-        scale = (max_pixels / (width * height)) ** 0.5
-        width, height = width * scale, height * scale
-    return max(multiple, round(height / multiple) * multiple), max(multiple, round(width / multiple) * multiple)
 
 
 def snap_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
