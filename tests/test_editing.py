@@ -118,6 +118,15 @@ def test_prepare_source_errors(frames, mask, message):
         prepare_source(np.zeros(frames, np.uint8), np.zeros(mask, np.float32), 24.0, 0, 0)
 
 
+def test_a_soundtrack_too_short_to_resample_is_an_empty_one():
+    # 1 sample at 96 kHz is less than one at 32 kHz: the resampler gives nothing (it crashed on that); the edit's
+    # source soundtrack is then missing, its rows regenerated
+    from comfyui_h3.backend.pipelines.h3.editing import prepare_audio
+
+    wave, valid = prepare_audio(torch.ones(2, 1), 96000, 32000, 1600)
+    assert valid == 0 and torch.equal(wave, torch.zeros(2, 1600))
+
+
 def test_request_validation():
     fr, m = np.zeros((124, 64, 96, 3), np.uint8), np.zeros((124, 64, 96), np.float32)
     assert H3Request(prompt="x", source_frames=fr, mask=m).task == "edit"

@@ -4,6 +4,7 @@ worker replaced on next use, and ComfyUI's free-memory shutting it down."""
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +61,43 @@ def test_worker_side_error_leaves_engine_usable(engine):
         engine.generate(small(references=[ReferenceInput("image", image=Image.new("RGB", (200, 10)))]))
     assert engine.generate(small(steps=1)).frames is not None
     assert worker_pid(engine) == pid
+
+
+def test_user_input_only_the_worker_can_check_is_a_request_error(engine):
+    # A reference video shorter than the model's processor takes (its temporal patch at 2 fps: 13 frames at 24 fps)
+    # is the user's to fix: a request error with the message as is, not an internal "MiniMax-H3 failed" with a
+    # traceback; the worker stays.
+    from comfyui_h3.backend.pipelines.h3.request import ReferenceInput
+
+    engine.start()
+    pid = worker_pid(engine)
+    short = ReferenceInput("video", frames=np.zeros((12, 64, 64, 3), np.uint8), fps=24.0)
+    with pytest.raises(RequestError, match="at least 13 frames .* got 12"):
+        engine.generate(small(references=[short]))
+    assert worker_pid(engine) == pid
+
+
+@pytest.mark.parametrize("reference,message", [
+    (dict(kind="image"), r"Reference 1 \(image\) needs an image, got NoneType"),
+    (dict(kind="video"), r"Reference 1 \(video\) needs uint8 frames \[frames, height, width, 3\], got nothing"),
+    (dict(kind="video", frames=np.zeros((20, 64, 64), np.uint8)), r"got uint8 \(20, 64, 64\)"),
+    (dict(kind="video", frames=np.zeros((20, 64, 64, 3), np.float32)), r"got float32"),
+    (dict(kind="audio"), r"Reference 2 \(audio\) needs a soundtrack"),
+    (dict(kind="audio", audio=torch.zeros(2, 0), sample_rate=32000), r"0 samples at 32000 Hz: give at least 0.025 s"),
+    (dict(kind="audio", audio=torch.zeros(2, 2399), sample_rate=96000), r"2399 samples at 96000 Hz"),
+])
+def test_malformed_references_are_refused_before_the_worker(reference, message):
+    # each of these failed inside the worker as an internal error (AttributeError, IndexError, the processor's
+    # ValueError, the audio VAE's RuntimeError, the resampler's ValueError)
+    from PIL import Image
+
+    from comfyui_h3.backend.pipelines.h3.request import ReferenceInput
+
+    refs = [ReferenceInput(**reference)]
+    if reference["kind"] == "audio":
+        refs.insert(0, ReferenceInput("image", image=Image.new("RGB", (64, 64))))
+    with pytest.raises(RequestError, match=message):
+        small(references=refs).validate()
 
 
 def test_worker_failure_is_one_line_and_its_traceback_is_logged(engine):

@@ -77,6 +77,8 @@ def resample_audio(waveform: torch.Tensor, src_rate: int, dst_rate: int) -> torc
     frame.sample_rate = src_rate
     resampler = av.AudioResampler(format="fltp", layout=layout, rate=dst_rate)
     chunks = [f.to_ndarray() for f in resampler.resample(frame)] + [f.to_ndarray() for f in resampler.resample(None)]
+    if not chunks:  # a few samples make less than one at dst_rate: an empty soundtrack, not a crash
+        return waveform.new_zeros(waveform.shape[0], 0)
     return torch.from_numpy(np.concatenate(chunks, axis=1)).float()
 
 

@@ -9,7 +9,9 @@ import torch
 from PIL import Image
 
 from .finite import check_finite
-from .geometry import FPS, RequestError, resolve_geometry
+from .geometry import AUDIO_LATENTS_PER_SECOND, FPS, RequestError, resolve_geometry
+
+RELEASE_AUDIO_RATE = 32000  # the released audio VAE's rate: the early checks' assumption (the worker uses its own)
 
 
 def check_sampling(steps: int, video_shift: float | None, audio_shift: float | None, seed: int) -> None:
@@ -89,6 +91,7 @@ class H3Request:
         unknown = [r.kind for r in self.references if r.kind not in ("image", "video", "audio")]
         if unknown:
             raise RequestError(f"Reference kinds must be image, video or audio, got {unknown}.")
+        self._check_references()
         from .conditioning import check_reference_counts
 
         check_reference_counts([r.kind for r in self.references])
@@ -103,6 +106,27 @@ class H3Request:
             check_finite(ref.frames, f"reference {index} ({ref.kind}) frames")
             check_finite(ref.fps, f"reference {index} ({ref.kind}) frame rate")
             check_finite(ref.audio, f"reference {index} ({ref.kind}) audio")
+
+    def _check_references(self) -> None:
+        """What each reference must carry; the worker's processors and VAEs would fail on anything else with errors
+        that name none of it. (A video's shortest length depends on the model's processor: checked there.)"""
+        for index, ref in enumerate(self.references, 1):
+            what = f"Reference {index} ({ref.kind})"
+            if ref.kind == "image" and not isinstance(ref.image, Image.Image):
+                raise RequestError(f"{what} needs an image, got {type(ref.image).__name__}.")
+            if ref.kind == "video":
+                frames = np.asarray(ref.frames) if ref.frames is not None else None
+                if frames is None or frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+                    got = "nothing" if frames is None else f"{frames.dtype} {tuple(frames.shape)}"
+                    raise RequestError(f"{what} needs uint8 frames [frames, height, width, 3], got {got}.")
+            if ref.kind == "audio" and ref.audio is None:
+                raise RequestError(f"{what} needs a soundtrack.")
+            if ref.audio is not None:
+                shape = tuple(np.shape(ref.audio))
+                rate = ref.sample_rate or RELEASE_AUDIO_RATE  # unset: the model's rate (normalize_references)
+                if len(shape) == 2 and shape[-1] * AUDIO_LATENTS_PER_SECOND < rate:
+                    raise RequestError(f"{what}'s soundtrack is {shape[-1]} samples at {rate} Hz: give at least "
+                                       f"{1 / AUDIO_LATENTS_PER_SECOND:g} s (one audio latent).")
 
     def _validate_edit(self) -> None:
         from .editing import check_mask_shape, resolve_preset

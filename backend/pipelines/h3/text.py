@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .geometry import TEXT_TAG, VIDEO_TAG
+from .geometry import TEXT_TAG, VIDEO_TAG, RequestError
 
 TEXT_LAYER = 50
 VIDEO_SAMPLE_FPS = 2.0  # video references are shown to the encoder at 2 fps
@@ -49,8 +49,8 @@ def sample_video_frames(frames: np.ndarray, fps: float, temporal_patch: int,
         cursor += stride
     if len(picked) < temporal_patch:
         need = round((temporal_patch - 1) * stride) + 1
-        raise ValueError(f"A reference video must be at least {need} frames ({need / fps:.2g} s) long, "
-                         f"got {frames.shape[0]}.")
+        raise RequestError(f"A reference video must be at least {need} frames ({need / fps:.2g} s) long, "
+                           f"got {frames.shape[0]}.")
     stamps = [i / sample_fps for i in range(len(picked))]
     stamps += [stamps[-1]] * (-len(stamps) % temporal_patch)
     groups = [(stamps[i] + stamps[i + temporal_patch - 1]) / 2 for i in range(0, len(stamps), temporal_patch)]
