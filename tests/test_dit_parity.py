@@ -78,6 +78,16 @@ def test_strict_loader_names_file_and_keys(tmp_path):
         load_h3_transformer(tmp_path / "t")
 
 
+def _block_args(text_dim: int):
+    gen = torch.Generator().manual_seed(0)
+    layout = build_layout(torch.tensor([1, 1, 0, 1]), resolve_geometry(124, 64, 64), (1, 2, 2), ("first",))
+    ts, idx = row_timestep_plan(layout, 0.2, 0.7)
+    return (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
+            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
+            torch.randn(1, 4, text_dim, generator=gen), ts, idx, layout.token_tags,
+            layout.position_ids, layout.video_indices, layout.audio_indices, layout.text_indices)
+
+
 def test_compiled_blocks_equal_eager(tiny_h3_dir):
     """The engine compiles each block on CUDA (regional compilation); the compiled graph must compute the same."""
     from comfyui_h3.backend.pipelines.h3.components import compile_blocks
@@ -85,13 +95,36 @@ def test_compiled_blocks_equal_eager(tiny_h3_dir):
     eager = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32)
     compiled = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32)
     compile_blocks(compiled)
-    gen = torch.Generator().manual_seed(0)
-    layout = build_layout(torch.tensor([1, 1, 0, 1]), resolve_geometry(124, 64, 64), (1, 2, 2), ("first",))
-    ts, idx = row_timestep_plan(layout, 0.2, 0.7)
-    args = (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
-            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
-            torch.randn(1, 4, eager.config.text_dim, generator=gen), ts, idx, layout.token_tags,
-            layout.position_ids, layout.video_indices, layout.audio_indices, layout.text_indices)
+    args = _block_args(eager.config.text_dim)
     with torch.no_grad():
         want, got = eager(*args), compiled(*args)
     assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+
+
+def test_compile_fallback_leaves_the_process_dynamo_setting_alone(tiny_h3_dir, monkeypatch):
+    """A block whose compile fails runs eagerly (dynamo's suppress_errors), but only our blocks get that: building a
+    pipeline that compiles, compiling and running the blocks leave the process's setting as it was (ComfyUI's, other
+    packs'), and someone else's failing compile still raises."""
+    import torch._dynamo
+
+    from comfyui_h3.backend.pipelines.h3.components import compile_blocks
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    def no_compiler(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # the default (restored after the test)
+    pipe = h3_config(str(tiny_h3_dir), dtype="float32", compile="on").build_pipeline(0)
+    assert pipe.c.options.compile_blocks and pipe.c.transformer_for("t2va") is not None
+    assert torch._dynamo.config.suppress_errors is False
+    eager = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32)
+    compiled = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32)
+    compile_blocks(compiled, backend=no_compiler)
+    args = _block_args(eager.config.text_dim)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want, got = eager(*args), compiled(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the failed compile ran eagerly
+    assert torch._dynamo.config.suppress_errors is False
+    with pytest.raises(Exception, match="no compiler here"):
+        torch.compile(lambda x: x * 2, backend=no_compiler)(torch.ones(3))

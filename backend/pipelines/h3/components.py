@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -258,13 +259,26 @@ def folder_settings(folder: str | os.PathLike) -> dict:
     return settings
 
 
-def compile_blocks(dit: H3Transformer) -> None:
+def compile_blocks(dit: H3Transformer, backend: str | Callable = "inductor") -> None:
     """Regional compilation: every block compiles to the same graph (parameters are graph inputs), so 50 blocks cost
     one compile; Inductor fuses the norm / modulation / rotary / SwiGLU / gated-residual elementwise work around the
     GEMMs and attention (0.955x of diffusers' block at the 10-s shape, 20% less peak memory: docs/BENCHMARKS.md).
-    A compile failure falls back to eager instead of failing the request."""
+    A compile failure falls back to eager instead of failing the request: dynamo's `suppress_errors`, set only while
+    one of these blocks runs (dynamo reads it when a call compiles), so ComfyUI's and other packs' compiles keep
+    their own setting."""
+    for block in dit.transformer_blocks:
+        block.compile(backend=backend)  # torch.nn.Module.compile: the compiled call lives in _compiled_call_impl
+        compiled = getattr(block, "_compiled_call_impl", None)
+        if compiled is None:
+            raise RuntimeError("torch.nn.Module.compile set no _compiled_call_impl: this torch is not supported.")
+        block._compiled_call_impl = _eager_on_compile_failure(compiled)
+
+
+def _eager_on_compile_failure(compiled: Callable) -> Callable:
     import torch._dynamo
 
-    torch._dynamo.config.suppress_errors = True
-    for block in dit.transformer_blocks:
-        block.compile()
+    def call(*args, **kwargs):
+        with torch._dynamo.config.patch(suppress_errors=True):
+            return compiled(*args, **kwargs)
+
+    return call
