@@ -155,7 +155,7 @@ def _discard_stream_temporaries(request) -> None:
 
 def make_executor(config: EngineConfig):
     """The executor config.executor names: "mp" (processes on this machine) or "ray" (actors on a Ray cluster; an
-    optional extra, imported only when chosen). Both have one interface: start / alive / run / cancel / shutdown."""
+    optional extra, imported only when chosen). Both have one interface: start / alive / run / shutdown."""
     if config.executor == "ray":
         from .executor.ray_executor import RayExecutor
 

@@ -1,6 +1,6 @@
 """comfyui-h3: MiniMax-H3 video+audio generation inside ComfyUI.
 
-Package map (see DESIGN.md): `comfyui_h3` glue (registration, ComfyUI adapters, value types, CLI),
+Package map (see docs/ARCHITECTURE.md): `comfyui_h3` glue (registration, ComfyUI adapters, value types, CLI),
 `comfyui_h3.nodes` (thin V1 nodes), `comfyui_h3.backend` (engine, workers, pipelines, models, media).
 """
 

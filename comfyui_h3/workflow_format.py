@@ -1,5 +1,5 @@
-"""Convert between ComfyUI's UI workflow format (nodes + links + positional widgets_values) and the API format, for
-this pack's nodes. Used to write the shipped UI workflows from their API twins and to check they stay in sync.
+"""ComfyUI's UI workflow format (nodes + links + positional widgets_values) -> the API format, for this pack's nodes, as
+the frontend's "Export (API)" makes it: the tests check each shipped UI workflow against its API twin with it.
 
 Widget order = the order of non-socket inputs in INPUT_TYPES (required, then optional); an INT input named `seed`
 carries an extra `control_after_generate` value after it, an `image_upload` combo an extra "image" value, as the
@@ -33,53 +33,6 @@ def _extra_widget_values(name: str, kind, opts: dict) -> list:
     if isinstance(kind, list) and opts.get("image_upload"):
         return ["image"]
     return []
-
-
-def api_to_ui(api: dict, node_classes: dict, positions: dict | None = None, notes: list | None = None) -> dict:
-    """`notes`: [(text, (x, y)), ...] added as frontend Note nodes (they carry advice, not data)."""
-    positions = positions or {}
-    nodes, links = [], []
-    ui_ids = {node_id: int(node_id) for node_id in api}
-    outgoing: dict[tuple[str, int], list[int]] = {}
-    link_id = 0
-    pending = []
-    for order, (node_id, spec) in enumerate(api.items()):
-        cls = node_classes[spec["class_type"]]
-        inputs, widgets = [], []
-        for name, kind, opts in _inputs(cls):
-            value = spec.get("inputs", {}).get(name)
-            is_link = isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)
-            if _is_widget(kind):
-                widgets.append(value if value is not None else opts.get("default"))
-                widgets += _extra_widget_values(name, kind, opts)
-                continue
-            entry = {"name": name, "type": kind, "link": None}
-            if is_link:
-                link_id += 1
-                entry["link"] = link_id
-                pending.append((link_id, value[0], value[1], node_id, len(inputs), kind))
-                outgoing.setdefault((value[0], value[1]), []).append(link_id)
-            inputs.append(entry)
-        nodes.append({"id": ui_ids[node_id], "type": spec["class_type"],
-                      "pos": list(positions.get(node_id, (60 + 380 * order, 120))), "size": [340, 260],
-                      "flags": {}, "order": order, "mode": 0, "inputs": inputs, "outputs": [],
-                      "properties": {"Node name for S&R": spec["class_type"]}, "widgets_values": widgets})
-    for node in nodes:
-        cls = node_classes[node["type"]]
-        names = getattr(cls, "RETURN_NAMES", None) or cls.RETURN_TYPES
-        node["outputs"] = [{"name": n, "type": t, "slot_index": i,
-                            "links": outgoing.get((str(node["id"]), i), [])}
-                           for i, (n, t) in enumerate(zip(names, cls.RETURN_TYPES))]
-    for lid, src, slot, dst, dst_slot, kind in pending:
-        links.append([lid, ui_ids[src], slot, ui_ids[dst], dst_slot, kind])
-    for text, pos in notes or []:
-        note_id = max([n["id"] for n in nodes], default=0) + 1
-        nodes.append({"id": note_id, "type": "Note", "pos": list(pos), "size": [380, 160], "flags": {},
-                      "order": len(nodes), "mode": 0, "inputs": [], "outputs": [], "properties": {},
-                      "widgets_values": [text]})
-        ui_ids[f"note{note_id}"] = note_id
-    return {"last_node_id": max(ui_ids.values(), default=0), "last_link_id": link_id, "nodes": nodes,
-            "links": links, "groups": [], "config": {}, "extra": {}, "version": 0.4}
 
 
 def ui_to_api(ui: dict, node_classes: dict) -> dict:

@@ -1,7 +1,7 @@
 """The frame-preview routes (/h3/video_info, /h3/video_frame) through their handlers: every parameter bounded exactly
 as H3 Load Video's widget (read from the node's declaration), malformed and out-of-range values refused before any
 file is read, a frame served without decoding the clip before it (a seek), and the error -> HTTP status mapping.
-The same refusal over HTTP in a real ComfyUI: tests/test_comfyui_hardening.py."""
+The same refusal over HTTP in a real ComfyUI: tests/test_comfyui_media_hardening.py."""
 
 import io
 import time

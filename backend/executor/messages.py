@@ -31,7 +31,6 @@ class Progress:
     job_id: int
     done: int
     total: int
-    stage: str = "denoise"
 
 
 @dataclass

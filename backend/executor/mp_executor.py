@@ -272,10 +272,6 @@ class MpExecutor:
                                  "the engine restarts on next use.")
             time.sleep(0.05)
 
-    def cancel(self) -> None:
-        if self._shared is not None:
-            self._shared.stop.value = -1
-
     def shutdown(self, timeout: float = 10.0) -> None:
         """Ask every rank to exit, give them `timeout` seconds together, then kill what is left."""
         for commands in self._commands:

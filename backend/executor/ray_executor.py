@@ -145,8 +145,8 @@ class _RankActor:
 
 
 class RayExecutor:
-    """Same interface as MpExecutor: start(on_wait) / alive / run(kind, request, should_cancel) / cancel /
-    shutdown(timeout) / ready."""
+    """Same interface as MpExecutor: start(on_wait) / alive / run(kind, request, should_cancel) / shutdown(timeout) /
+    ready."""
 
     def __init__(self, config, bounds: Bounds | None = None):
         self.config = config
@@ -332,9 +332,6 @@ class RayExecutor:
         self.shutdown(timeout=2.0)
         who = "The control actor" if ranks == ["control"] else f"Worker rank(s) {ranks}"
         raise WorkerDied(f"{who} died ({type(exc).__name__}); the engine restarts on next use.")
-
-    def cancel(self) -> None:
-        self._cancel(-1)
 
     def _cancel(self, token: int) -> None:
         if self._control is not None:

@@ -116,7 +116,7 @@ def check_reference_counts(kinds: list[str]) -> None:
 def normalize_references(references: list, num_frames: int, multiple: int, image_short_edge: int,
                          audio_rate: int, canvas_short_edge: int = 768,
                          canvas_max_pixels: int = 768 * 1344) -> list[NormalizedReference]:
-    """Validate counts and put every reference (conditioning.ReferenceInput) onto H3's rates, in request order."""
+    """Validate counts and put every reference (request.ReferenceInput) onto H3's rates, in request order."""
     if not references:
         raise RequestError("ref2va needs at least one reference.")
     check_reference_counts([r.kind for r in references])
