@@ -1,6 +1,6 @@
 """H3 Extend: continue a video far past one pass, window by window on one timeline, with the sound carried on.
 
-Thin: adapts VIDEO / H3_LATENTS / AUDIO to an H3ExtendRequest (method: backend/pipelines/h3/extension_loop.py). The
+Thin: adapts VIDEO / H3_LATENTS / AUDIO to an H3ExtendRequest (method: backend/pipelines/h3/tasks/extend.py). The
 worker streams the result into a file in ComfyUI's temp folder while it is made (memory stays that of one window);
 the node returns it as a VIDEO read from that file, plus the latents of the whole result for chaining. On Stop the
 finished windows are kept in the output folder as H3/extend_partial_NNNNN.mp4."""

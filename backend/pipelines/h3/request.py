@@ -161,7 +161,7 @@ class H3Result:
 
 @dataclass
 class H3ExtendRequest:
-    """Continue a video past one pass (extension_loop.py has the method). The source is either decoded media
+    """Continue a video past one pass (tasks/extend.py has the method). The source is either decoded media
     (`source_frames` uint8 [T, H, W, 3] at `source_fps`, optional `source_audio` [C, N] at `source_sample_rate`:
     brought onto 24 fps and a 32-multiple canvas, cut DOWN to 17n+5 frames, encoded once) or the latents of an earlier
     H3 run (`source_video_latents` [1, 24, 5n+2, h, w] + `source_audio_latents` [2, 32, Ta], normalised).
