@@ -27,7 +27,7 @@ def one_run(model_dir: str, out_dir: str, windows: int, mode: str, dtype: str) -
     from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.encode import next_free_path
     from comfyui_h3.backend.media.save import write_mp4
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
     from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
 
     torch.set_grad_enabled(False)

@@ -6,7 +6,7 @@ weights, the same on every rank) at the 5/10/15-s 1344x768 shapes, degree 1 (pla
 Reports per shape: ms per forward at degree 1 and N, efficiency t1 / (N * tN), the all-to-all time of one block's
 four exchanges (q, k, v out, attention back) measured alone on the same tensors and its share of the forward, peak
 memory per rank, and the degree-N output against degree 1 on identical inputs (relative L2, bf16). Ours gets what the
-engine passes every step (rotary tables and AdaLN row segments built once on the host, pipeline.denoise); without
+engine passes every step (rotary tables and AdaLN row segments built once on the host, denoise.py); without
 them the forward builds the segments from device tensors, a host sync per call that costs ~100 ms at degree 2. `--peer`: the same
 weights in diffusers' MiniMaxH3Transformer3DModel (cuDNN SDPA backend), plain on GPU 0 and with its own Ulysses
 context parallelism (`enable_parallelism(ContextParallelConfig(ulysses_degree=N))`), in the same run.
@@ -69,7 +69,7 @@ def _models(layers: int, dev, peer: bool):
 
 def _step_tables(model, host_layout, row_index, dev, shard=None):
     """What the engine builds once per request / step on the host and passes to every forward (step_plan, as
-    pipeline.denoise does): the rotary tables and the AdaLN row segments of this rank's rows."""
+    denoise.py does): the rotary tables and the AdaLN row segments of this rank's rows."""
     return {"rope": request_rope(model, host_layout.position_ids.to(dev), shard),
             "segments": step_segments(host_layout.token_tags, row_index, shard)}
 

@@ -24,7 +24,7 @@ def current_mb() -> float:
 def main(model_dir: str, out_dir: str, windows: int) -> None:
     from comfyui_h3.backend.pipelines.h3.family import h3_config
     from comfyui_h3.backend.media.encode import next_free_path
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
     from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
     from comfyui_h3.backend.pipelines.h3.stream_decode import StreamingVideoDecoder
 

@@ -198,7 +198,7 @@ def _request(**kw):
 
 @pytest.fixture(scope="module")
 def extended(pipeline):
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     seen = []
 
@@ -244,7 +244,7 @@ def test_guide_rows_are_untouched_and_overlaps_discarded(pipeline, extended):
 
 
 def test_same_seed_same_result_other_seed_differs(pipeline, extended):
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     result, _ = extended
     again = run_extend(pipeline, _request())
@@ -255,7 +255,7 @@ def test_same_seed_same_result_other_seed_differs(pipeline, extended):
 
 
 def test_extend_from_latents_and_per_window_prompts(pipeline, extended):
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     result, _ = extended
     # continue the result itself (its latents: nothing re-encoded), one prompt per window
@@ -271,7 +271,7 @@ def test_extend_from_latents_and_per_window_prompts(pipeline, extended):
 
 
 def test_locked_soundtrack_is_the_driving_audio(pipeline):
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     drive = torch.sin(torch.arange(32000 * 11) / 32000 * 2 * np.pi * 220)[None].repeat(2, 1) * 0.3
     result = run_extend(pipeline, _request(audio_mode="lock", driving_audio=drive, driving_sample_rate=32000,
@@ -284,11 +284,27 @@ def test_locked_soundtrack_is_the_driving_audio(pipeline):
         run_extend(pipeline, _request(audio_mode="lock", driving_audio=drive[:, :32000], driving_sample_rate=32000))
 
 
+def test_extend_runs_without_the_posix_resource_module(pipeline, monkeypatch):
+    """Windows has no `resource` module: the extension task still imports and runs there (its peak-RSS timing is
+    informational and left out)."""
+    import importlib
+
+    from comfyui_h3.backend.pipelines.h3.tasks import extend
+
+    name = extend.__name__
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError, as on Windows
+    monkeypatch.delitem(sys.modules, name)
+    fresh = importlib.import_module(name)
+    assert fresh.resource is None
+    result = fresh.run_extend(pipeline, _request(added_frames=17, steps=1))
+    assert "peak_rss_mb" not in result.timings and result.frames.shape[0] == 124 + 17
+
+
 def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     from comfyui_h3.backend.media.decode import probe_video
     from comfyui_h3.backend.media.encode import next_free_path
-    from comfyui_h3.backend.pipelines.h3.extension_loop import run_extend
-    from comfyui_h3.backend.pipelines.h3.pipeline import Cancelled
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
+    from comfyui_h3.backend.errors import Cancelled
 
     path = next_free_path(str(tmp_path), "ext", "mp4")
     steps = {"n": 0}

@@ -31,7 +31,8 @@ channels broadcast), then max-pool by the DiT patch (2x2) -> the token grid (the
 96-wide row): a row is regenerated as much as its most-regenerated pixel. Both are quantised UPWARD to 1/256
 (ceil(m * 256 - 1e-4) / 256; 0 and 1 stay exact) so at most 257 distinct timesteps per modality reach the AdaLN.
 
-Denoising (editing_loop.run_edit), per step i with sigma_i (video / audio schedules of t2va) and row mask m:
+Denoising (tasks/edit.py's step plan, run by denoise.py), per step i with sigma_i (video / audio schedules of t2va)
+and row mask m:
   row timestep  t_r = min(1 - m * sigma_i, 0.999)   (a kept row sits at the condition level 0.999; text rows ride
                                                      the video clock as in t2va)
   model input   x_in = lerp(anchor, state, m)      video anchor = 0.999 * clean + 0.001 * (the request's seeded
@@ -169,14 +170,6 @@ def mask_to_latent_grid(mask: torch.Tensor, spatial_ratio: int = 16, patch: tupl
 def row_timesteps(mask: torch.Tensor, sigma: float) -> torch.Tensor:
     """t_r = min(1 - m * sigma, 0.999) per row, float32."""
     return torch.clamp(1.0 - mask.float() * float(sigma), max=KEEP_T)
-
-
-def blend(anchor: torch.Tensor, state: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """lerp(anchor, state, mask) with mask broadcast per row ([N] -> [N, 1]); exact at 0 and 1."""
-    m = mask.to(state.device, state.dtype)
-    if m.ndim == 1:
-        m = m[:, None]
-    return torch.lerp(anchor, state, m)
 
 
 def audio_row_mask(num_latents: int, valid_latents: int, mode: str, level: float = 0.5,

@@ -4,7 +4,7 @@ Row order (built once per window, host-side):
   [text | guide audio (ch0 rows, ch1 rows) | guide video | target audio (ch0, ch1) | target video]
 Guide rows are the reference block: the last latents of the content so far, held (video at t = max(t, 0.999), audio
 clean at t = 1) and never updated; `num_condition_*_rows` count them and `video_indices` / `audio_indices` list them
-first, so the ordinary denoise loop (pipeline.H3Pipeline.denoise, schedule.row_timestep_plan) runs a window as is.
+first, so the one denoise driver (denoise.py, on the clocks: step_plan.StepPlan.on_clocks) runs a window as is.
 With a locked soundtrack the whole window's audio is guide (clean driving latents) and there is no target audio.
 
 Rotary time is the global timeline: video latent j of the window sits at num_text + 5 * (start + first_frame(j)) / 3

@@ -56,6 +56,12 @@ class ReferenceBlock:
     audio_latents: int = 0
 
 
+def held_at_condition(clean: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Visual condition latents (or their rows) mixed once with their noise to t = 0.999, where they stay."""
+    t = torch.tensor(CONDITION_T, dtype=torch.float32)
+    return t * clean + (1.0 - t) * noise
+
+
 def patchify(latents: torch.Tensor, patch: tuple[int, int, int]) -> torch.Tensor:
     """[1, C, T, H, W] -> [T/pt * H/ph * W/pw, C*pt*ph*pw] rows, frame-major then row-major."""
     pt, ph, pw = patch

@@ -1,4 +1,5 @@
-"""Dual flow-match schedules (released shifts: video 12, audio 3) and the per-step row timestep plan.
+"""Dual flow-match schedules (released shifts: video 12, audio 3), each row's timestep on the two clocks, and the
+per-row update every denoise step makes (flow_step).
 
 A request's shifts default to the model folder's (scheduler/ and audio_scheduler/ scheduler_config.json, read by
 components.scheduler_shifts), as the reference pipeline takes them from its two scheduler components.
@@ -51,23 +52,28 @@ class DualSchedule:
         return 1.0 - self.audio_sigmas[i]
 
 
-def euler_step(x: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, sigma: torch.Tensor,
-               sigma_next: torch.Tensor) -> torch.Tensor:
-    """One Euler step of the x_t / x0 blend, computed in float32."""
-    x32 = x.float()
-    x0 = x32 + (1 - t.to(x32.device, torch.float32)) * velocity.float()
-    ratio = (sigma_next / sigma).to(x32.device, torch.float32)
-    return (ratio * x32 + (1.0 - ratio) * x0).to(x.dtype)
+def flow_step(state: torch.Tensor, x_in: torch.Tensor, velocity: torch.Tensor, row_t: torch.Tensor,
+              sigma: torch.Tensor, sigma_next: torch.Tensor) -> torch.Tensor:
+    """One update of rows [N, C], in float32: x0 = x_in + (1 - t_r) * v from the model's own input and each row's
+    timestep t_r [N]; then state <- r * state + (1 - r) * x0, r = sigma_next / sigma. Where the model saw the state
+    itself (x_in = state, t_r = 1 - sigma) this is the Euler step of the flow."""
+    x0 = x_in.float() + (1.0 - row_t.float())[:, None] * velocity.float()
+    ratio = (sigma_next / sigma).to(state.device, torch.float32)
+    return ratio * state.float() + (1.0 - ratio) * x0
+
+
+def row_t(layout: PackedLayout, video_t: float, audio_t: float) -> torch.Tensor:
+    """Each row's timestep [S] float32 when targets ride the two clocks: text rows and target video rows at
+    `video_t`, target audio at `audio_t`; visual condition rows stay at max(t, 0.999); reference soundtrack rows are
+    clean (t = 1)."""
+    t = torch.full((layout.seq_len,), video_t, dtype=torch.float32)
+    vi, ai = layout.video_indices.cpu(), layout.audio_indices.cpu()
+    t[vi[:layout.num_condition_video_rows]] = max(video_t, CONDITION_T)
+    t[ai[layout.num_condition_audio_rows:]] = audio_t
+    t[ai[:layout.num_condition_audio_rows]] = 1.0
+    return t
 
 
 def row_timestep_plan(layout: PackedLayout, video_t: float, audio_t: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (distinct t values sorted [K] float32, per-row index into them [S] long).
-
-    Text rows and target video rows ride the video clock; target audio the audio clock; visual condition rows stay
-    at max(t, 0.999); reference soundtrack rows are clean (t = 1)."""
-    row_t = torch.full((layout.seq_len,), video_t, dtype=torch.float32)
-    vi, ai = layout.video_indices.cpu(), layout.audio_indices.cpu()
-    row_t[vi[:layout.num_condition_video_rows]] = max(video_t, CONDITION_T)
-    row_t[ai[layout.num_condition_audio_rows:]] = audio_t
-    row_t[ai[:layout.num_condition_audio_rows]] = 1.0
-    return torch.unique(row_t, sorted=True, return_inverse=True)
+    """-> (distinct t values sorted [K] float32, per-row index into them [S] long) of `row_t`."""
+    return torch.unique(row_t(layout, video_t, audio_t), sorted=True, return_inverse=True)

@@ -1,9 +1,11 @@
 """The "edit" task: latent mask editing on the t2va partition (math and conventions: editing.py's docstring).
 
 Packed layout is t2va's ([text | target audio | target video], no condition rows): source rows are not extra rows,
-they are the target rows themselves, held at their anchor where the mask keeps them. Noise is drawn in t2va's order
-(video [1, 24, T, h, w], then audio rows [2*Ta, 32]) from torch.Generator('cpu').manual_seed(seed), so an all-ones
-mask with audio "regenerate" reproduces t2va's latents for the same prompt, size and seed.
+they are the target rows themselves, held at their anchor where the mask keeps them. Its step plan: each row's
+timestep from its mask (editing.row_timesteps; text rides the video clock) and anchors (the model sees
+lerp(anchor, state, mask)); the driver's update then takes x0 with that per-row timestep. Noise is drawn in t2va's
+order (video [1, 24, T, h, w], then audio rows [2*Ta, 32]) from torch.Generator('cpu').manual_seed(seed), so an
+all-ones mask with audio "regenerate" reproduces t2va's latents for the same prompt, size and seed.
 """
 
 from __future__ import annotations
@@ -13,24 +15,23 @@ from typing import Callable
 
 import torch
 
-from ...parallel.ulysses import SequenceShard
-from .editing import (audio_row_mask, blend, composite_frames, mask_to_latent_grid, prepare_audio, prepare_source,
-                      resolve_preset, row_timesteps)
-from .geometry import AUDIO_LATENTS_PER_SECOND, RequestError, resolve_geometry
-from .layout import CONDITION_T, audio_rows_to_latents, build_layout, patchify, unpatchify
-from .request import H3Request, H3Result
-from .schedule import DualSchedule
-from .step_plan import request_rope, step_segments, stop_at_boundary
+from ..decode import decode_audio, decode_frames_to_host
+from ..editing import (audio_row_mask, composite_frames, mask_to_latent_grid, prepare_audio, prepare_source,
+                       resolve_preset, row_timesteps)
+from ..geometry import AUDIO_LATENTS_PER_SECOND, RequestError, resolve_geometry
+from ..layout import PackedLayout, audio_rows_to_latents, build_layout, held_at_condition, patchify, unpatchify
+from ..request import H3Request, H3Result
+from ..schedule import DualSchedule
+from ..step_plan import Anchors, StepCallback, StepPlan
 
 
 @torch.no_grad()
-def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = None,
+def run_edit(pipe, req: H3Request, on_step: StepCallback | None = None,
              should_stop: Callable[[], bool] | None = None) -> H3Result:
-    """pipe: the H3Pipeline (its components, rank/world and text sharing). Returns task "edit" with `edit` info:
+    """pipe: the rank's H3Pipeline (components, parallel context, text sharing, the denoise driver). Returns task
+    "edit" with `edit` info:
     restore mask [T_lat, h, w], token mask [T_lat, h/2, w/2], audio row mask [2*Ta], source latents (video
     [1, 24, T, h, w], audio [2, 32, Ta]) and the resolved preset values."""
-    from .decode import decode_audio, decode_frames_to_host
-
     req = pipe.c.with_folder_shifts(req)  # unset shifts: the model folder's
     req.validate()
     c, timings = pipe.c, {}
@@ -54,7 +55,7 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     dev, dit = c.device, c.transformer_for("edit")
 
     # 1. text, source latents (video: the conditioning encoder's fixed-seed posterior sample; audio: posterior mode)
-    text, tags = pipe._shared_text(lambda: c.text.encode_prompt(req.prompt, None))
+    text, tags = pipe.encode_text(lambda: c.text.encode_prompt(req.prompt, None))
     layout = build_layout(tags, geo, patch)
     clean_video = c.cond.encode_video(src.frames)
     if tuple(clean_video.shape[2:]) != (geo.latent_frames, geo.latent_height, geo.latent_width):
@@ -75,18 +76,17 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     video_noise = torch.randn((1, c.latent_channels, geo.latent_frames, geo.latent_height, geo.latent_width),
                               generator=gen, dtype=torch.float32)
     audio_noise = torch.randn((ta * 2, c.audio_channels), generator=gen, dtype=torch.float32)
-    t_keep = torch.tensor(CONDITION_T, dtype=torch.float32)
     clean_v = patchify(clean_video, patch)
     noise_v = patchify(video_noise, patch)
-    anchor_v = (t_keep * clean_v + (1.0 - t_keep) * noise_v).to(dev)
-    anchor_a = clean_audio.to(dev)
     video_mask = masks.token_rows()
+    anchors = Anchors(held_at_condition(clean_v, noise_v).to(dev), clean_audio.to(dev), video_mask.to(dev),
+                      audio_mask.to(dev))
 
-    # 3. denoise
+    # 3. denoise: the state starts as the seeded noise (target rows only: no condition rows)
     t1 = time.perf_counter()
     schedule = DualSchedule.make(req.steps + 1, req.video_shift, req.audio_shift)
-    state_v, state_a = _denoise(pipe, dit, layout, text.to(dev), noise_v.to(dev), audio_noise.to(dev), anchor_v,
-                                anchor_a, video_mask, audio_mask, schedule, on_step, should_stop)
+    plan = StepPlan(layout, text.to(dev), schedule, masked_timesteps(layout, video_mask, audio_mask, schedule), anchors)
+    state_v, state_a = pipe.denoise(dit, plan, noise_v.to(dev), audio_noise.to(dev), on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1
 
     # 4. restore: kept cells are the clean source exactly
@@ -115,38 +115,17 @@ def run_edit(pipe, req: H3Request, on_step: Callable[[int, int], None] | None = 
     return H3Result("edit", video_latents, audio_latents, frames, audio, c.audio_rate, timings=timings, edit=info)
 
 
-def _denoise(pipe, dit, layout, text, state_v, state_a, anchor_v, anchor_a, video_mask, audio_mask,
-             schedule: DualSchedule, on_step, should_stop):
-    """Target rows only (t2va layout: no condition rows). state_* start as the seeded noise, float32 on the device."""
-    dev = state_v.device
-    dl = layout.to(dev)
-    shard = None if pipe.world == 1 else SequenceShard(pipe.rank, pipe.world, layout.seq_len)
-    rope = request_rope(dit, dl.position_ids, shard)
+def masked_timesteps(layout: PackedLayout, video_mask: torch.Tensor, audio_mask: torch.Tensor,
+                     schedule: DualSchedule) -> Callable[[int], torch.Tensor]:
+    """Step i -> each row's timestep [S]: t_r = min(1 - m * sigma_i, 0.999) on video / audio rows from their masks
+    and clocks; text rides the video clock (t = 1 - sigma_i) as in t2va."""
     vi, ai = layout.video_indices, layout.audio_indices
-    mv, ma = video_mask.to(dev), audio_mask.to(dev)
-    n = schedule.num_evaluations
-    for i in range(n):
-        stop_at_boundary(should_stop, shard, i, n)
+
+    def at(i: int) -> torch.Tensor:
         sv, sa = schedule.video_sigmas[i], schedule.audio_sigmas[i]
-        tv, ta = row_timesteps(video_mask, sv), row_timesteps(audio_mask, sa)
-        row_t = torch.full((layout.seq_len,), float(1.0 - sv), dtype=torch.float32)  # text rides the video clock
-        row_t[vi] = tv
-        row_t[ai] = ta
-        ts, row_index = torch.unique(row_t, sorted=True, return_inverse=True)
-        segments = step_segments(layout.token_tags, row_index, shard)
-        x_v, x_a = blend(anchor_v, state_v, mv), blend(anchor_a, state_a, ma)
-        v_pred, a_pred = dit(x_v[None], x_a[None], text, ts.to(dev), row_index.to(dev), dl.token_tags,
-                             dl.position_ids, dl.video_indices, dl.audio_indices, dl.text_indices,
-                             rope=rope, segments=segments, shard=shard)
-        state_v = _step(state_v, x_v, v_pred[0], tv.to(dev), sv, schedule.video_sigmas[i + 1])
-        state_a = _step(state_a, x_a, a_pred[0], ta.to(dev), sa, schedule.audio_sigmas[i + 1])
-        if on_step is not None:
-            on_step(i + 1, n)
-    return state_v, state_a
+        row_t = torch.full((layout.seq_len,), float(1.0 - sv), dtype=torch.float32)
+        row_t[vi] = row_timesteps(video_mask, sv)
+        row_t[ai] = row_timesteps(audio_mask, sa)
+        return row_t
 
-
-def _step(state, x_in, velocity, row_t, sigma, sigma_next):
-    """x0 from the model's own input and row timestep; then state <- r * state + (1 - r) * x0 (float32)."""
-    x0 = x_in.float() + (1.0 - row_t)[:, None] * velocity.float()
-    ratio = (sigma_next / sigma).to(state.device, torch.float32)
-    return ratio * state.float() + (1.0 - ratio) * x0
+    return at

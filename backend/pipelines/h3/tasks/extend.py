@@ -5,8 +5,8 @@ Per window k (all ranks run the same loop; rank 0 alone decodes and writes):
   guide   = the last latent_frames(overlap) video latents of the content so far, mixed once to t = 0.999 with noise
             (like every visual condition), and the audio latents [audio_start, audio_guide_end) clean (t = 1); with a
             locked soundtrack the whole window's audio is guide (the driving latents) and none is generated;
-  target  = seeded noise for the whole window (video, and audio unless locked), denoised by the ordinary loop
-            (pipeline.H3Pipeline.denoise), which never writes condition rows: the guide is bit-identical after;
+  target  = seeded noise for the whole window (video, and audio unless locked), denoised by the one driver
+            (denoise.py) on the clocks like t2va; it never writes condition rows: the guide is bit-identical after;
   append  = target latents from the overlap on (video: latent frames [G, L); audio: [guide, end)), the overlap
             itself discarded.
 Noise: one CPU generator seeded with the request seed, drawn per window in order: guide mix noise (video latents
@@ -17,21 +17,26 @@ transformer/.
 
 from __future__ import annotations
 
-import resource
 import time
 from typing import Callable
 
 import torch
 
-from .extension_layout import build_window_layout
-from .extension_output import ExtensionOutput, FileSink, MemorySink
-from .extension_plan import plan_windows
-from .extension_source import driving_soundtrack, prepare_extension_source
-from .geometry import RequestError, latent_frames
-from .layout import CONDITION_T, audio_latents_to_rows, audio_rows_to_latents, patchify, unpatchify
-from .request import H3Result
-from .schedule import DualSchedule
-from .step_plan import Cancelled
+from ....errors import Cancelled
+from ..extension_layout import build_window_layout
+from ..extension_output import ExtensionOutput, FileSink, MemorySink
+from ..extension_plan import plan_windows
+from ..extension_source import driving_soundtrack, prepare_extension_source
+from ..geometry import RequestError, latent_frames
+from ..layout import audio_latents_to_rows, audio_rows_to_latents, held_at_condition, patchify, unpatchify
+from ..request import H3Result
+from ..schedule import DualSchedule
+from ..step_plan import StepCallback, StepPlan
+
+try:  # POSIX only (not on Windows); the peak-RSS timing it gives is informational
+    import resource
+except ImportError:
+    resource = None
 
 Observer = Callable[[int, object, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
@@ -46,10 +51,11 @@ def window_prompts(prompts: list[str], num_windows: int) -> list[str]:
 
 
 @torch.no_grad()
-def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
+def run_extend(pipe, req, on_step: StepCallback | None = None,
                should_stop: Callable[[], bool] | None = None, observe: Observer | None = None) -> H3Result:
-    """`observe(k, layout, video_rows_before, audio_rows_before, video_rows_after, audio_rows_after)` sees every
-    window's packed rows (tests). Raises step_plan.Cancelled at a step boundary on Stop; windows finished by then
+    """pipe: the rank's H3Pipeline (components, parallel context, text sharing, the denoise driver).
+    `observe(k, layout, video_rows_before, audio_rows_before, video_rows_after, audio_rows_after)` sees every
+    window's packed rows (tests). Raises errors.Cancelled at a step boundary on Stop; windows finished by then
     are published (file output) and named in the exception's `extra`."""
     req = pipe.c.with_folder_shifts(req)  # unset shifts: the model folder's
     req.validate()
@@ -69,11 +75,11 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
     texts = {}
     for prompt in prompts:  # every rank encodes (or receives) them in the same order
         if prompt not in texts:
-            texts[prompt] = pipe._shared_text(lambda p=prompt: c.text.encode_prompt(p, None))
+            texts[prompt] = pipe.encode_text(lambda p=prompt: c.text.encode_prompt(p, None))
     timings["encode_s"] = time.perf_counter() - t0
 
     output = None
-    if pipe.rank == 0:
+    if pipe.parallel.is_driver:  # rank 0 alone decodes and writes
         if req.output_path:
             sink = FileSink(req.output_path, src.width, src.height, dev, c.audio_rate, req.crf, req.preset,
                             req.metadata)
@@ -84,7 +90,6 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
     steps = schedule.num_evaluations
     total_steps = steps * len(windows)
     gen = torch.Generator("cpu").manual_seed(req.seed)
-    t_cond = torch.tensor(CONDITION_T, dtype=torch.float32)
     video_parts, audio_parts = [src.video_latents], [src.audio_latents if not lock else
                                                      drive_latents[:, :, :src.audio_latents.shape[2]]]
     tail = src.video_latents  # the latest latents; a guide is at most a window's worth
@@ -102,7 +107,7 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
             g = win.guide_latent_frames
             guide = tail[:, :, -g:]
             mix = torch.randn(guide.shape, generator=gen, dtype=torch.float32)
-            guide_rows = patchify(t_cond * guide + (1.0 - t_cond) * mix, patch)
+            guide_rows = patchify(held_at_condition(guide, mix), patch)
             video_noise = torch.randn((1, c.latent_channels, win.latent_frames, lh, lw), generator=gen,
                                       dtype=torch.float32)
             if lock:
@@ -114,16 +119,14 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
                                           dtype=torch.float32)
             video = torch.cat([guide_rows, patchify(video_noise, patch)]).to(dev)
             audio = torch.cat([audio_latents_to_rows(guide_audio), audio_noise]).to(dev)
-            if video.shape[0] != layout.video_indices.numel() or audio.shape[0] != layout.audio_indices.numel():
-                raise RuntimeError(f"Window {k}: rows {video.shape[0]}/{audio.shape[0]} vs layout "
-                                   f"{layout.video_indices.numel()}/{layout.audio_indices.numel()}")
             before = (video.clone(), audio.clone()) if observe is not None else None
 
             def step(i, _n, base=k * steps):
                 if on_step is not None:
                     on_step(base + i, total_steps)
 
-            video, audio = pipe.denoise(dit, layout, text.to(dev), video, audio, schedule, step, should_stop)
+            plan = StepPlan.on_clocks(layout, text.to(dev), schedule)  # guide rows: the layout's condition rows
+            video, audio = pipe.denoise(dit, plan, video, audio, step, should_stop)
             if observe is not None:
                 observe(k, layout, *before, video, audio)
             ncv, nca = layout.num_condition_video_rows, layout.num_condition_audio_rows
@@ -151,7 +154,8 @@ def run_extend(pipe, req, on_step: Callable[[int, int], None] | None = None,
     timings["denoise_s"] = time.perf_counter() - t1
     frames_written = output.finish() if output is not None else 0
     timings["total_s"] = time.perf_counter() - t0
-    timings["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if resource is not None:
+        timings["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if torch.cuda.is_available() and dev.type == "cuda":
         timings["peak_device_mb"] = torch.cuda.max_memory_allocated(dev) / 2**20
     frames = audio = None
