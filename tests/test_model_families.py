@@ -59,8 +59,8 @@ def test_toy_request_errors_and_stop_come_back_as_such():
     toy = get_engine(EngineConfig(REFERENCE, ToyOptions(), world_size=2))
     with pytest.raises(RequestError):
         toy.generate(ToyRequest(steps=0))
-    with pytest.raises(EngineCancelled):
-        toy.generate(ToyRequest(steps=3), should_cancel=lambda: True)
+    with pytest.raises(EngineCancelled, match="Stopped before step"):  # the driver polls Stop every 0.1 s
+        toy.generate(ToyRequest(steps=1000, step_s=0.01), should_cancel=lambda: True)
     assert toy.generate(ToyRequest([1.0], steps=2)).values == [4.0]
 
 

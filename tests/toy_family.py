@@ -21,6 +21,7 @@ class ToyOptions:
 class ToyRequest:
     values: list = field(default_factory=lambda: [1.0, 2.0])
     steps: int = 3
+    step_s: float = 0.0  # seconds each step sleeps (a Stop test needs steps that take time)
 
     def validate(self) -> None:
         if self.steps < 1:
@@ -50,6 +51,10 @@ class ToyPipeline:
             if p.any(should_stop is not None and should_stop()):
                 raise Cancelled(f"Stopped before step {i + 1}/{request.steps}.")
             x = x * self.options.scale
+            if request.step_s:
+                import time
+
+                time.sleep(request.step_s)
             if on_step is not None:
                 on_step(i + 1, request.steps)
         ranks = torch.tensor([float(p.rank)])
