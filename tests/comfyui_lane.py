@@ -83,7 +83,8 @@ class Comfy:
             time.sleep(0.2)
 
     def workers(self) -> list[int]:
-        """Pids of the pack's spawned worker processes under this ComfyUI (empty without psutil)."""
+        """Pids of the pack's worker processes under this ComfyUI (empty without psutil): spawned ones, and those
+        forked from the pack's forkserver (its children; the forkserver itself holds no model)."""
         try:
             import psutil
         except ImportError:
@@ -91,7 +92,10 @@ class Comfy:
         pids = []
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if any("spawn_main" in part for part in child.cmdline()):
+                cmdline = " ".join(child.cmdline())
+                parent = child.parent()
+                forked = parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline())
+                if "spawn_main" in cmdline or (forked and "resource_tracker" not in cmdline):
                     pids.append(child.pid)
             except psutil.Error:
                 continue
