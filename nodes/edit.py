@@ -13,6 +13,7 @@ from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from .adapters import audio_to_waveform, waveform_to_audio
 from .sample import MAX_SEED, run_engine
+from .widgets import SHIFT_INPUTS
 
 
 def mask_to_array(mask) -> np.ndarray:
@@ -95,14 +96,7 @@ class H3Edit:
                                   "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result."}),
-                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
-                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
-                                                     "release)."}),
-                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
-                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
-                                                     "release)."}),
+                **SHIFT_INPUTS,
                 "audio_mode": (["preset"] + list(AUDIO_MODES),
                                {"default": "preset",
                                 "tooltip": "keep: the source soundtrack stays; regenerate: new sound from the "

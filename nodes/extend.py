@@ -22,6 +22,7 @@ from ..types import H3Latents
 from ..video_file import H3FileVideo
 from .adapters import audio_to_waveform
 from .sample import MAX_SEED, run_engine
+from .widgets import SHIFT_INPUTS
 
 PARTIAL_PREFIX = "H3/extend_partial"
 
@@ -67,14 +68,7 @@ class H3Extend:
                                            "is kept as is from the start, and the picture follows it."}),
                 "steps": ("INT", {"default": 50, "min": 1, "max": 200,
                                   "tooltip": "Denoising steps per window."}),
-                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
-                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
-                                                     "release)."}),
-                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
-                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
-                                                     "release)."}),
+                **SHIFT_INPUTS,
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed and settings -> the same result."}),
             },

@@ -12,6 +12,7 @@ from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents
 from ..video_types import H3Video
 from .adapters import build_references, single_image, waveform_to_audio
+from .widgets import SHIFT_INPUTS
 
 MAX_SEED = 2**64 - 1
 
@@ -51,14 +52,7 @@ class H3Sample:
                                    "tooltip": "Multiple of 32; 0 with width 0 = automatic."}),
                 "steps": ("INT", {"default": 50, "min": 1, "max": 200,
                                   "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
-                "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model "
-                                                     "folder's (scheduler/scheduler_config.json: 12 for the "
-                                                     "release)."}),
-                "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                                          "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model "
-                                                     "folder's (audio_scheduler/scheduler_config.json: 3 for the "
-                                                     "release)."}),
+                **SHIFT_INPUTS,
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result (matches the diffusers reference "
                                             "with torch.Generator('cpu').manual_seed(seed))."}),
