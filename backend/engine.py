@@ -77,6 +77,9 @@ class Engine:
                 raise EngineError(worker_cause(exc.failure)) from None
             except (WorkerDied, WorkerHung) as exc:
                 raise EngineError(str(exc)) from None
+            except OSError as exc:  # no process could be started (fork/spawn refused, out of file descriptors)
+                executor.kill()
+                raise EngineError(f"Could not start the worker processes: {exc}") from None
             self._executor = executor
 
     def generate(self, request, progress: Callable[[int, int], None] | None = None,
@@ -115,11 +118,23 @@ class Engine:
                 _discard_stream_temporaries(request)
                 raise EngineError(str(exc)) from None
 
-    def shutdown(self) -> None:
-        with self._lock:
+    def shutdown(self, wait_s: float | None = None) -> None:
+        """Stop the workers. `wait_s`: wait at most this long for a job in another thread to let go of the engine,
+        then kill the workers outright (at interpreter exit: workers ignore the terminal's Ctrl-C, so a running job
+        would otherwise hold the exit up until it ends)."""
+        if wait_s is not None and not self._lock.acquire(timeout=wait_s):
+            executor = self._executor
+            if executor is not None:
+                executor.kill()
+            return
+        if wait_s is None:
+            self._lock.acquire()
+        try:
             if self._executor is not None:
                 self._executor.shutdown()
                 self._executor = None
+        finally:
+            self._lock.release()
 
 
 def worker_cause(failure) -> str:
@@ -165,7 +180,20 @@ def make_executor(config: EngineConfig):
 
 _ENGINES: "OrderedDict[EngineConfig, Engine]" = OrderedDict()  # least recently used first
 _REGISTRY_LOCK = threading.Lock()
-atexit.register(lambda: shutdown_all())  # workers never outlive the process that started them
+def _shutdown_at_exit() -> None:
+    """Workers never outlive the process that started them; a job still running in another thread (ComfyUI's prompt
+    thread on Ctrl-C) does not hold the exit up: its workers are killed after 2 s."""
+    got = _REGISTRY_LOCK.acquire(timeout=2.0)
+    try:
+        engines = list(_ENGINES.values())
+    finally:
+        if got:
+            _REGISTRY_LOCK.release()
+    for engine in engines:
+        engine.shutdown(wait_s=2.0)
+
+
+atexit.register(_shutdown_at_exit)
 
 
 def get_engine(config: EngineConfig) -> Engine:

@@ -101,7 +101,13 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}
-    previous = signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("flag", True))  # finish the step, then stop
+
+    def on_ctrl_c(signum, frame):  # the first finishes the step, then stops; a second quits at once
+        if stop["flag"]:
+            raise KeyboardInterrupt
+        stop["flag"] = True
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         def progress(done, total):
             if status is not None:

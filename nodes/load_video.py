@@ -149,7 +149,8 @@ class H3LoadVideo:
         try:
             services.resolve_input_path(video, must_exist=True)
         except (ValueError, FileNotFoundError) as exc:
-            return f"Video not found in the input folder: {video} ({exc}). Pick one in the list or upload it."
+            return (f"Video not found in the input folder: {video} ({exc}). Pick one in the list or upload it (API: "
+                    "to read a file by `path` instead, set `video` to an empty string).")
         return True
 
     @classmethod

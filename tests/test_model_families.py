@@ -94,3 +94,31 @@ def test_engine_executor_and_worker_name_no_family():
     for path in files:
         text = path.read_text()
         assert not re.search(r"pipelines\.(h3|seedvr2)|\bH3[A-Z]\w*\(|[\"']h3[\"']", text), path
+
+
+def test_interpreter_exit_does_not_wait_for_a_running_job():
+    """Workers ignore the terminal's Ctrl-C, so at exit a job running in another thread (ComfyUI's prompt thread)
+    must not hold the exit hook up: its workers are killed after 2 s and the job ends with an engine error."""
+    import threading
+    import time
+
+    from comfyui_h3.backend.engine import EngineError, _shutdown_at_exit
+
+    toy = get_engine(EngineConfig(REFERENCE, ToyOptions()))
+    toy.start()
+    ended = []
+
+    def job():
+        try:
+            toy.generate(ToyRequest(steps=2000, step_s=0.05))
+        except EngineError as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    _shutdown_at_exit()
+    assert time.monotonic() - started < 10
+    thread.join(10)
+    assert not thread.is_alive() and len(ended) == 1 and not toy.started

@@ -116,6 +116,30 @@ def test_engine_on_n_ranks_equals_one(tiny_h3_dir, single, world):
     assert ((keyed.video_latents - want.video_latents).norm() / want.video_latents.norm()).item() <= 1e-4
 
 
+def test_a_request_error_only_rank_0_sees_leaves_both_ranks_in_step(tiny_h3_dir, single):
+    """Rank 0 alone encodes the prompt and references; when it refuses one (a reference video shorter than the
+    processor takes) every rank fails the job with rank 0's message, the group is kept, and the next job pairs its
+    collectives correctly (equal to one rank)."""
+    import numpy as np
+
+    from comfyui_h3.backend.errors import RequestError
+    from comfyui_h3.backend.pipelines.h3.request import ReferenceInput
+
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        eng.start()
+        pids = [p.pid for p in eng._executor._procs]
+        short = ReferenceInput("video", frames=np.zeros((12, 64, 64, 3), np.uint8), fps=24.0)
+        for _ in range(2):  # twice: a stale message or broadcast from the first would derail the second
+            with pytest.raises(RequestError, match="at least 13 frames .* got 12"):
+                eng.generate(small(references=[short]))
+        got = eng.generate(small())
+        assert [p.pid for p in eng._executor._procs] == pids
+        assert ((got.video_latents - single.video_latents).norm() / single.video_latents.norm()).item() <= 1e-4
+    finally:
+        eng.shutdown()
+
+
 def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
     eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
@@ -140,18 +164,48 @@ def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
         eng.shutdown()
 
 
-def _decode_rank(rank, world, port, folder, latents_path, out_dir):
+def _decode_rank(rank, world, port, folder, latents_path, out_dir, stop_rank=-1):
     import torch.distributed as dist
     from diffusers import AutoencoderKLMiniMaxH3
 
+    from comfyui_h3.backend.errors import Cancelled
     from comfyui_h3.backend.pipelines.h3.decode import iter_decode_video
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     vae = AutoencoderKLMiniMaxH3.from_pretrained(os.path.join(folder, "vae")).eval()
-    chunks = list(iter_decode_video(vae, torch.load(latents_path), "cpu", ParallelContext(rank, world)))
-    torch.save(torch.cat(chunks) if chunks else None, os.path.join(out_dir, f"frames{rank}.pt"))
+    try:
+        chunks = list(iter_decode_video(vae, torch.load(latents_path), "cpu", ParallelContext(rank, world),
+                                        should_stop=lambda: rank == stop_rank))
+        result = torch.cat(chunks) if chunks else None
+    except Cancelled:
+        result = "cancelled"
+    torch.save(result, os.path.join(out_dir, f"frames{rank}.pt"))
     dist.destroy_process_group()
+
+
+def test_stop_asked_of_one_rank_during_the_shared_decode_stops_every_rank(tmp_path, tiny_h3_dir):
+    """Stop between VAE clips (a long decode is not a denoise step): the ranks agree before any clip is exchanged,
+    so every rank stops and none is left in a broadcast."""
+    latents = torch.randn(1, 24, 37, 4, 4, generator=torch.Generator().manual_seed(1))
+    torch.save(latents, tmp_path / "lat.pt")
+    mp.spawn(_decode_rank, args=(2, _free_port(), str(tiny_h3_dir), str(tmp_path / "lat.pt"), str(tmp_path), 1),
+             nprocs=2)
+    assert [torch.load(tmp_path / f"frames{r}.pt") for r in range(2)] == ["cancelled", "cancelled"]
+
+
+def test_stop_during_the_decode_of_one_rank(tiny_h3_dir):
+    from comfyui_h3.backend.errors import Cancelled
+
+    asked = []
+
+    def stop_after_the_denoise():  # the one denoise step asks once; the decode asks between clips
+        asked.append(1)
+        return len(asked) > 1
+
+    pipe = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+    with pytest.raises(Cancelled, match="during the video decode"):
+        pipe.run(small(steps=1), should_stop=stop_after_the_denoise)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -209,3 +263,25 @@ def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
             a, b = getattr(got, key), getattr(want, key)
             assert a.shape == b.shape and ((a - b).norm() / b.norm()).item() <= 1e-4, key
     assert got_ext.extend["frames_written"] == 124 + 51 == probe_video(path).frame_count
+
+
+def test_stop_on_two_ranks_keeps_the_windows_rank_0_published(tiny_h3_dir, tmp_path):
+    """Every rank stops at the same step; rank 1 reports at once while rank 0 still publishes the finished windows:
+    the engine waits for rank 0's report, which names the partial file."""
+    from test_extension import _request
+
+    from comfyui_h3.backend.media.decode import probe_video
+    from comfyui_h3.backend.media.encode import next_free_path
+
+    path = next_free_path(str(tmp_path), "ext", "mp4")
+    seen = []
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        with pytest.raises(EngineCancelled) as stopped:  # 4 windows of 2 steps; Stop in the second window
+            eng.generate(_request(output_path=path), progress=lambda d, t: seen.append(d),
+                         should_cancel=lambda: len(seen) >= 3)
+    finally:
+        eng.shutdown()
+    extra = stopped.value.extra
+    assert 1 <= extra.get("windows_done", 0) < 4 and os.path.isfile(extra["path"]), extra
+    assert probe_video(extra["path"]).frame_count == extra["frames"]

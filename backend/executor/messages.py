@@ -46,3 +46,4 @@ class Failed:
     message: str
     traceback: str = ""
     extra: dict = field(default_factory=dict)
+    rank: int = 0  # the rank that reports it

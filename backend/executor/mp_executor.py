@@ -74,7 +74,11 @@ def _spawn_environment():
 def _sigint_blocked():
     """Spawn children with SIGINT blocked (a blocked mask survives fork and exec): a Ctrl-C that lands while a worker
     imports, before it can ignore SIGINT itself, stays pending and is then discarded. Per thread, so it works from
-    ComfyUI's execution thread too. The resource tracker is started first: starting it unblocks SIGINT."""
+    ComfyUI's execution thread too. The resource tracker is started first: starting it unblocks SIGINT. Windows has
+    neither signal masks nor the resource tracker (nor a terminal process group to leave): nothing to do there."""
+    if os.name != "posix" or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
@@ -106,7 +110,9 @@ def _worker_context():
 
     import torch.multiprocessing as tmp
 
-    if os.environ.get("COMFYUI_H3_WORKER_START", "") != "spawn" and "forkserver" in multiprocessing.get_all_start_methods():
+    # Linux only: macOS defaults to spawn because forking a process that loaded system frameworks is unsafe there.
+    if os.environ.get("COMFYUI_H3_WORKER_START", "") != "spawn" and sys.platform.startswith("linux") \
+            and "forkserver" in multiprocessing.get_all_start_methods():
         ctx = tmp.get_context("forkserver")
         ctx.set_forkserver_preload([PRELOAD_MODULE])
         return ctx
@@ -190,14 +196,18 @@ class MpExecutor:
         self._watchdog = Watchdog(n, bounds)
         port = _free_port() if n > 1 else 0
         with _spawn_environment(), _sigint_blocked(), _forkserver_environment():
-            for rank in range(n):
-                commands = ctx.Queue()
-                proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
-                                   args=(rank, n, self.config, commands, self._events, self._shared, port,
-                                         bounds.heartbeat_s))
-                proc.start()
-                self._procs.append(proc)
-                self._commands.append(commands)
+            try:
+                for rank in range(n):
+                    commands = ctx.Queue()
+                    proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
+                                       args=(rank, n, self.config, commands, self._events, self._shared, port,
+                                             bounds.heartbeat_s))
+                    proc.start()
+                    self._procs.append(proc)
+                    self._commands.append(commands)
+            except BaseException:  # a rank that cannot start (no forkserver, EMFILE): none of the others may
+                self.kill()  # go on loading a model no one owns
+                raise
         while len(self.ready) < n:
             msg = self._next_event(on_wait)
             if isinstance(msg, Ready):
@@ -209,16 +219,24 @@ class MpExecutor:
 
     def _next_event(self, on_wait: Callable[[], None] | None = None):
         while True:
+            events = self._events
+            if events is None:  # killed from another thread (interpreter exit)
+                raise WorkerDied("The workers were stopped (the host is exiting); the engine restarts on next use.")
             try:
-                return self._events.get(timeout=POLL_S)
+                return events.get(timeout=POLL_S)
             except queue.Empty:
-                if not all(p.is_alive() for p in self._procs):
-                    codes = [p.exitcode for p in self._procs]
-                    self.shutdown()
-                    raise WorkerDied(f"A worker process died (exit codes {codes}); the engine restarts on next use.")
-                self._watch()
-                if on_wait is not None:
-                    on_wait()
+                pass
+            except (OSError, ValueError):  # the queue was closed under us by a kill from another thread
+                if self._events is None:
+                    continue
+                raise
+            if not all(p.is_alive() for p in self._procs):
+                codes = [p.exitcode for p in self._procs]
+                self.shutdown()
+                raise WorkerDied(f"A worker process died (exit codes {codes}); the engine restarts on next use.")
+            self._watch()
+            if on_wait is not None:
+                on_wait()
 
     def _watch(self) -> None:
         """Kill the group and raise (WorkerHung / StopForced) when the watchdog says a rank is frozen or a Stop
@@ -252,6 +270,9 @@ class MpExecutor:
                 elif isinstance(msg, Done) and msg.job_id == job.job_id:
                     return msg.result
                 elif isinstance(msg, Failed) and msg.job_id == job.job_id:
+                    if msg.kind == "cancelled" and msg.rank != 0 and len(self._procs) > 1:
+                        continue  # every rank stops at the same boundary; rank 0's report says what was kept
+                        # (an extension's finished windows, published while the others have already reported)
                     self._raise_if_a_rank_died(msg)
                     raise WorkerFailed(msg)
         finally:
@@ -302,8 +323,9 @@ def _kill_process_group(proc) -> None:
     """SIGKILL a worker and, when it leads its own process group (it moves there at start), the whole group."""
     if proc.pid is None or proc.exitcode is not None:
         return
-    with contextlib.suppress(OSError):
-        if os.getpgid(proc.pid) == proc.pid:
-            os.killpg(proc.pid, signal.SIGKILL)
+    if hasattr(os, "killpg"):  # POSIX; on Windows proc.kill() below ends the worker
+        with contextlib.suppress(OSError):
+            if os.getpgid(proc.pid) == proc.pid:
+                os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(Exception):
         proc.kill()

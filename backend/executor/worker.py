@@ -52,9 +52,17 @@ def load_failure(exc: BaseException):
 
 def run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, should_stop: Callable[[], bool],
             family: str | None = None):
-    """One job on one rank -> Done (rank 0 carries the result; other ranks Done(None)) or Failed. Never raises.
-    `emit` receives rank 0's Progress messages. `family`: the model family this rank's pipeline belongs to; a job
-    for another family is refused."""
+    """One job on one rank -> Done (rank 0 carries the result; other ranks Done(None)) or Failed (naming its rank).
+    Never raises. `emit` receives rank 0's Progress messages. `family`: the model family this rank's pipeline belongs
+    to; a job for another family is refused."""
+    outcome = _run_job(pipeline, rank, job, emit, should_stop, family)
+    if hasattr(outcome, "rank"):
+        outcome.rank = rank
+    return outcome
+
+
+def _run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, should_stop: Callable[[], bool],
+             family: str | None = None):
     import torch
 
     from ..errors import Cancelled, RequestError

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ...errors import Cancelled
 from ...media.stream_writer import HostFrameCollector
 from ...parallel.context import SINGLE, ParallelContext
 from .normalization import denormalize_latents
@@ -24,8 +25,12 @@ def decode_video(vae, latents: torch.Tensor, device) -> torch.Tensor:
     return vae_pixels(vae.decode(denormalize_latents(vae, latents, device), return_dict=False)[0], device)
 
 
+def _stopped(should_stop) -> bool:
+    return should_stop is not None and bool(should_stop())
+
+
 @torch.no_grad()
-def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE):
+def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE, should_stop=None):
     """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
     yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
 
@@ -36,18 +41,25 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
     Several ranks (`parallel.world` > 1): clips are independent until the blend, so rank r decodes clips r, r + N, ...
     and the decoded clips are broadcast from their owners; every rank then has the same tensors, and rank 0 blends
     and yields them, so the result equals the one-rank decode bit for bit. The other ranks yield nothing.
+
+    `should_stop` is asked between clips (it is also a rank's progress mark for the liveness watchdog): Stop ends a
+    long decode with Cancelled, on every rank at the same point.
     """
     if not can_stream_decode(vae) or latents.shape[0] != 1:
         yield decode_video(vae, latents, device)
         return
     if not parallel.is_parallel:
         decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2])
-        yield from decoder.push(latents)
+        for chunk in decoder.push(latents):  # one chunk per clip
+            yield chunk
+            if _stopped(should_stop):
+                raise Cancelled("Stopped during the video decode.")
         yield from decoder.finish()
         return
     schedule = clip_schedule(vae, latents.shape[2])
     z = pad_tail(clip_input_latents(vae, latents, device), schedule.pad_latents)
-    clips = _decode_clips_shared(vae, [clip_window(vae, z, i) for i in range(schedule.num_clips)], parallel)
+    clips = _decode_clips_shared(vae, [clip_window(vae, z, i) for i in range(schedule.num_clips)], parallel,
+                                 should_stop)
     if not parallel.is_driver:  # the other ranks only decode their clips; rank 0 assembles the video
         return
     assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames)
@@ -56,9 +68,18 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
     yield from assembler.finish(schedule.pad_frames)
 
 
-def _decode_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext) -> list[torch.Tensor]:
+def _decode_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext,
+                         should_stop=None) -> list[torch.Tensor]:
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    mine = {i: vae._decode_clip(clip) for i, clip in enumerate(inputs) if parallel.owns(i)}
+    mine, stop = {}, False
+    for i, clip in enumerate(inputs):  # every rank its own clips at once; Stop asked between them
+        if parallel.owns(i):
+            if _stopped(should_stop):
+                stop = True
+                break
+            mine[i] = vae._decode_clip(clip)
+    if parallel.any(stop):  # agreed before the first broadcast: all ranks stop here, or none does
+        raise Cancelled("Stopped during the video decode.")
     clips = []
     for i in range(len(inputs)):
         owner, device = parallel.owner(i), inputs[i].device
@@ -71,11 +92,12 @@ def _decode_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelCont
     return clips
 
 
-def decode_frames_to_host(vae, latents: torch.Tensor, device, geo, parallel: ParallelContext = SINGLE):
+def decode_frames_to_host(vae, latents: torch.Tensor, device, geo, parallel: ParallelContext = SINGLE,
+                          should_stop=None):
     """The rank-aware video decode: every rank calls it; rank 0 gets uint8 [F, H, W, 3] on the CPU (`geo`: the
     request's Geometry), the other ranks decode their clips for it and get None. Each clip becomes uint8 on the device
     and is copied to the host through pinned, double-buffered chunks on a side stream while the next clip decodes."""
-    chunks = iter_decode_video(vae, latents, device, parallel)
+    chunks = iter_decode_video(vae, latents, device, parallel, should_stop)
     if not parallel.is_driver:
         for _ in chunks:
             pass

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ...errors import RequestError
 from ...parallel.context import SINGLE, ParallelContext
 from .components import H3Components
 from .denoise import denoise
@@ -47,18 +48,34 @@ class H3Pipeline:
 
     def encode_text(self, encode: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank 0 runs `encode` (it alone holds the text encoder) and broadcasts the embeddings [1, Nt, D] and tags
-        [Nt] (host); with one rank this is just `encode()`."""
+        [Nt] (host); with one rank this is just `encode()`. When `encode` fails on rank 0 (a reference the processor
+        refuses, say) every rank raises: a RequestError as a RequestError with rank 0's message, anything else as a
+        RuntimeError, so no rank is left waiting in a broadcast of a job that has already failed."""
         p = self.parallel
         if not p.is_parallel:
             return encode()
         dev = self.c.device
         dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        failure = None
         if p.is_driver:
-            text, tags = encode()
-            meta = torch.tensor([text.shape[1], text.shape[2], dtypes.index(text.dtype)], device=dev)
+            try:
+                text, tags = encode()
+                meta = torch.tensor([text.shape[1], text.shape[2], dtypes.index(text.dtype)], device=dev)
+            except Exception as exc:  # noqa: BLE001 - re-raised below, after the other ranks know
+                failure = exc
+                reason = str(exc).encode("utf-8", "replace")[:4000]
+                meta = torch.tensor([-1, len(reason), int(isinstance(exc, RequestError))], device=dev)
         else:
             meta = torch.zeros(3, dtype=torch.long, device=dev)
         n, width, code = p.broadcast_from_driver(meta).tolist()
+        if n < 0:  # rank 0's encode failed: [-1, message bytes, is a request error]
+            message = torch.zeros(width, dtype=torch.uint8, device=dev)
+            if failure is not None and width:
+                message.copy_(torch.frombuffer(bytearray(reason), dtype=torch.uint8))
+            text_of = bytes(p.broadcast_from_driver(message).cpu().tolist()).decode("utf-8", "replace")
+            if failure is not None:
+                raise failure
+            raise (RequestError if code else RuntimeError)(text_of)
         if not p.is_driver:
             text = torch.empty((1, n, width), dtype=dtypes[code], device=dev)
             tags = torch.empty(n, dtype=torch.long)

@@ -100,8 +100,8 @@ def run_edit(pipe, req: H3Request, on_step: StepCallback | None = None,
     frames = audio = None
     if req.decode:
         t2 = time.perf_counter()
-        edited = decode_frames_to_host(c.vae, video_latents, dev, geo, pipe.parallel)
-        recon = decode_frames_to_host(c.vae, clean_video, dev, geo, pipe.parallel)
+        edited = decode_frames_to_host(c.vae, video_latents, dev, geo, pipe.parallel, should_stop)
+        recon = decode_frames_to_host(c.vae, clean_video, dev, geo, pipe.parallel, should_stop)
         if pipe.parallel.is_driver:  # rank 0 assembled both videos
             frames = composite_frames(recon, edited, src.mask)
             audio = decode_audio(c.audio_vae, audio_latents, dev)

@@ -145,7 +145,7 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
     frames = wave = None
     if req.decode:
         t2 = time.perf_counter()
-        frames = decode_frames_to_host(c.vae, video_latents, dev, geo, pipe.parallel)
+        frames = decode_frames_to_host(c.vae, video_latents, dev, geo, pipe.parallel, should_stop)
         if pipe.parallel.is_driver:  # rank 0 holds the frames; it alone decodes the soundtrack
             wave = decode_audio(c.audio_vae, audio_latents, dev)
         timings["decode_s"] = time.perf_counter() - t2
