@@ -1,0 +1,143 @@
+"""SeedVR2 window RoPE: the 3B's "mmrope3d" (video and text q/k) and the 7B's "pixel" 3D RoPE (video q/k only).
+
+Equal to the official ``models/dit_v2/rope.py`` (``NaMMRotaryEmbedding3d``, 3B) and ``models/dit/rope.py``
+(``NaRotaryEmbedding3d``, 7B) as applied per window in the window attention, which use rotary-embedding-torch's
+``get_axial_freqs`` + ``apply_rotary_emb``.
+
+Contract (stated once here):
+- A table is ``(cos, sin)``, float32, shape ``[n, rot]``: one row per token of one window in row-major (t, h, w)
+  order (or per text token), one column per rotated channel. Windows of equal shape share a table, so a shape
+  group ``[G, n, heads, head_dim]`` of window_attention is rotated with one table.
+- Rotated channels are the first ``rot`` of each head: ``[t-axis a | h-axis a | w-axis a]`` with ``a`` channels per
+  axis; the remaining ``head_dim - rot`` channels are untouched. Inside an axis block frequency j drives the
+  *interleaved* pair (2j, 2j+1) (rotary-embedding-torch's ``rotate_half``, not the half-split GPT-NeoX pairing):
+  (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin).
+- 3B "mmrope3d" (rope_dim = 128 in the released config): axis dim ``d = rope_dim // 3`` (42), ``d // 2`` (21)
+  frequencies ``1 / 10000 ** (2j / d)``, so a = 42 and rot = 126 (channels 126, 127 untouched). Positions are
+  integers: video token at window-local (dt, dh, dw) -> (L_txt + dt, dh, dw); text token j -> (j, j, j) (the same
+  for every window, so the text stays shared).
+- 7B "pixel" (module dim = head_dim // 2 = 64): axis dim ``d = 64 // 3`` (21), ``d // 2`` (10) frequencies
+  ``linspace(1, 128, 10) * pi``, so a = 20 and rot = 60 (channels 60..127 untouched). Position on an axis of
+  window extent n is ``linspace(-1, 1, n)`` (n = 1 gives -1). Text is not rotated.
+- Precision: angles are float32 ``position * frequency`` products of float32 positions and frequencies built with
+  the same ops as the official code (the model was trained with those exact angles); tables are made on the CPU
+  (deterministic) and moved to the device. The frequency buffers stored in the released fp16/fp8 checkpoints are
+  rounded copies and are never used. Rotation runs in float32 and returns the input dtype (as the official code).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Sequence, Tuple
+
+import torch
+
+Table = Tuple[torch.Tensor, torch.Tensor]
+
+MMROPE_THETA = 10000.0
+PIXEL_MAX_FREQ = 256.0
+
+
+def mmrope3d_frequencies(rope_dim: int = 128) -> torch.Tensor:
+    """The 3B's per-axis "lang" frequencies, float32 [(rope_dim // 3) // 2]."""
+    d = rope_dim // 3
+    if d < 2:
+        raise ValueError(f"mmrope3d rope_dim {rope_dim} is too small: it needs at least 6 channels (2 per axis)")
+    return 1.0 / (MMROPE_THETA ** (torch.arange(0, d, 2)[: d // 2].float() / d))
+
+
+def pixel_frequencies(head_dim: int = 128) -> torch.Tensor:
+    """The 7B's per-axis "pixel" frequencies, float32 [((head_dim // 2) // 3) // 2]."""
+    d = (head_dim // 2) // 3
+    if d < 2:
+        raise ValueError(f"pixel RoPE head_dim {head_dim} is too small: it needs at least 12 channels")
+    return torch.linspace(1.0, PIXEL_MAX_FREQ / 2, d // 2) * math.pi
+
+
+def _axis_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    # [n] x [m] -> [n, 2m] float32, each frequency repeated for its interleaved channel pair.
+    return (pos.float()[:, None] * freqs[None, :]).repeat_interleave(2, dim=-1)
+
+
+def _grid_angles(axes: Sequence[torch.Tensor], freqs: torch.Tensor) -> torch.Tensor:
+    # Positions per axis (t, h, w) -> [t*h*w, 3 * 2m] in row-major (t, h, w) order.
+    t, h, w = (_axis_angles(p, freqs) for p in axes)
+    nt, nh, nw = t.shape[0], h.shape[0], w.shape[0]
+    c = t.shape[1]
+    out = torch.cat(
+        (
+            t[:, None, None, :].expand(nt, nh, nw, c),
+            h[None, :, None, :].expand(nt, nh, nw, c),
+            w[None, None, :, :].expand(nt, nh, nw, c),
+        ),
+        dim=-1,
+    )
+    return out.reshape(nt * nh * nw, 3 * c)
+
+
+def _check_shape(shape: Sequence[int]) -> Tuple[int, int, int]:
+    if len(shape) != 3 or any(int(s) < 1 for s in shape):
+        raise ValueError(f"window shape {tuple(shape)} must be three positive sizes (t, h, w)")
+    return int(shape[0]), int(shape[1]), int(shape[2])
+
+
+@lru_cache(maxsize=256)
+def _mm_video(shape: Tuple[int, int, int], txt_len: int, rope_dim: int, device: str) -> Table:
+    t, h, w = shape
+    ang = _grid_angles(
+        (torch.arange(txt_len, txt_len + t), torch.arange(h), torch.arange(w)), mmrope3d_frequencies(rope_dim)
+    )
+    return ang.cos().to(device), ang.sin().to(device)
+
+
+@lru_cache(maxsize=64)
+def _mm_text(txt_len: int, rope_dim: int, device: str) -> Table:
+    ang = _axis_angles(torch.arange(txt_len), mmrope3d_frequencies(rope_dim)).repeat(1, 3)
+    return ang.cos().to(device), ang.sin().to(device)
+
+
+@lru_cache(maxsize=256)
+def _pixel_video(shape: Tuple[int, int, int], head_dim: int, device: str) -> Table:
+    ang = _grid_angles(tuple(torch.linspace(-1.0, 1.0, n) for n in shape), pixel_frequencies(head_dim))
+    return ang.cos().to(device), ang.sin().to(device)
+
+
+def mmrope3d_video_table(
+    window_shape: Sequence[int], txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu"
+) -> Table:
+    """3B table of one window shape (t, h, w) with L_txt = ``txt_len``: cos/sin [t*h*w, 3 * 2 * ((rope_dim//3)//2)]."""
+    if txt_len < 0:
+        raise ValueError(f"text length {txt_len} must be >= 0")
+    return _mm_video(_check_shape(window_shape), int(txt_len), int(rope_dim), str(torch.device(device)))
+
+
+def mmrope3d_text_table(txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu") -> Table:
+    """3B text table: cos/sin [txt_len, 3 * 2 * ((rope_dim//3)//2)], text token j at position j on every axis."""
+    if txt_len < 0:
+        raise ValueError(f"text length {txt_len} must be >= 0")
+    return _mm_text(int(txt_len), int(rope_dim), str(torch.device(device)))
+
+
+def pixel_video_table(window_shape: Sequence[int], head_dim: int = 128, device: torch.device | str = "cpu") -> Table:
+    """7B table of one window shape (t, h, w): cos/sin [t*h*w, 3 * 2 * (((head_dim//2)//3)//2)]."""
+    return _pixel_video(_check_shape(window_shape), int(head_dim), str(torch.device(device)))
+
+
+def apply_rope(x: torch.Tensor, table: Table) -> torch.Tensor:
+    """Rotate x [..., n, heads, head_dim] with a table [n, rot] (the same rotation for every head and leading
+    index, e.g. every window G of a shape group). Channels >= rot pass through unchanged. Returns x's dtype."""
+    cos, sin = table
+    n, rot = cos.shape
+    if x.dim() < 3 or x.shape[-3] != n or x.shape[-1] < rot:
+        raise ValueError(
+            f"RoPE input has shape {tuple(x.shape)}; expected [..., {n}, heads, head_dim >= {rot}] for this table"
+        )
+    xf = x.float()
+    xr, rest = xf[..., :rot], xf[..., rot:]
+    pairs = xr.unflatten(-1, (rot // 2, 2))
+    rotated_half = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+    c = cos.to(device=x.device, dtype=torch.float32)[:, None, :]
+    s = sin.to(device=x.device, dtype=torch.float32)[:, None, :]
+    out = torch.cat((xr * c + rotated_half * s, rest), dim=-1)
+    return out.to(x.dtype)
