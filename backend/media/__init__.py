@@ -4,8 +4,10 @@
   `uint8_to_image` (uint8 -> ComfyUI IMAGE float32). Needs torch only.
 - encode.py: `Mp4Writer` (H.264 + AAC, temp file + no-clobber publish), `next_free_path`, `as_fraction`. Needs PyAV.
 - decode.py: `decode_video` (frame_load_cap / skip_first_frames / select_every_nth / force_rate / max_seconds, VFR by
-  timestamps, rotation, resize), `plan_frames` + `decode_planned_frames` / `decode_planned_audio` (lazy decode),
-  `probe_video`.
+  timestamps, rotation, resize), `plan_frames` + `decode_planned_frames` (lazy decode), `probe_video`.
+- audio_decode.py: `decode_planned_audio` (the span a frame plan covers), `decode_reference_audio` (a ref2va
+  reference's whole soundtrack), `decode_audio` (a plain audio file). container.py opens files for both.
+- canvas.py: H3's canvas rule (short edge, pixel cap, aspect limits), below resize.py and the H3 pipeline.
 - resize.py: `plan_resize` / `apply_resize` / `resize_frames` (H3 canvas, multiple of 32, target; crop or pad).
 - mask_raster.py: H3 Mask Draw's drawing -> MASK frames, and `grow_feather_invert`: the pack's one definition of a
   mask's grow (Euclidean disk dilation / erosion) and feather (three box blurs), used by H3 Mask Draw and H3 Edit.
@@ -22,7 +24,9 @@ _EXPORTS = {
     "FramePlan": "decode",
     "plan_frames": "decode",
     "decode_planned_frames": "decode",
-    "decode_planned_audio": "decode",
+    "decode_planned_audio": "audio_decode",
+    "decode_reference_audio": "audio_decode",
+    "decode_audio": "audio_decode",
     "ResizePlan": "resize",
     "plan_resize": "resize",
     "apply_resize": "resize",
