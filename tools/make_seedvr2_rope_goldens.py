@@ -13,11 +13,9 @@ official concatenation of per-window tables). The freshly built modules' ``freqs
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
-from pathlib import Path
+
+from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
 
 HEADS, HEAD_DIM, TXT_LEN = 2, 128, 6
 SHAPES_3B = [(2, 2, 3), (1, 3, 2), (2, 1, 1)]
@@ -25,20 +23,7 @@ SHAPES_7B = [(2, 3, 2), (1, 2, 3), (1, 1, 1)]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("checkout", type=Path)
-    ap.add_argument("--commit", help="official commit of the checkout (default: git rev-parse HEAD in it)")
-    ap.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/seedvr2_rope.safetensors"
-    )
-    args = ap.parse_args()
-    checkout = args.checkout.resolve()
-    commit = args.commit or subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    if len(commit) != 40:
-        sys.exit(f"cannot tell the official commit of {checkout}: pass --commit <40 hex digits>")
-    sys.path.insert(0, str(checkout))
+    args, checkout, commit = official_checkout("seedvr2_rope.safetensors")
     import torch
     from safetensors.torch import save_file
 

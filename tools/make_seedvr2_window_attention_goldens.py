@@ -20,11 +20,9 @@ uses (4, 3, 3) itself.
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
-from pathlib import Path
+
+from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
 
 HEADS, HEAD_DIM, TXT_LEN = 2, 8, 5
 # (grid (T, H, W), window counts): uneven edges in both schemes; equal regular windows vs 9 shifted shapes; the
@@ -80,21 +78,7 @@ def _official_attention(torch, F, na, get_window_op, q, k, v, tq, tk, tv, grid, 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("checkout", type=Path)
-    ap.add_argument("--commit", help="official commit of the checkout (default: git rev-parse HEAD in it)")
-    ap.add_argument(
-        "--out", type=Path,
-        default=Path(__file__).resolve().parents[1] / "tests/fixtures/seedvr2_window_attention.safetensors",
-    )
-    args = ap.parse_args()
-    checkout = args.checkout.resolve()
-    commit = args.commit or subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    if len(commit) != 40:
-        sys.exit(f"cannot tell the official commit of {checkout}: pass --commit <40 hex digits>")
-    sys.path.insert(0, str(checkout))
+    args, checkout, commit = official_checkout("seedvr2_window_attention.safetensors")
     import torch
     import torch.nn.functional as F
     from safetensors.torch import save_file

@@ -12,12 +12,12 @@ first entries and a sha256 of its little-endian int64 bytes.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
 
 # (T, H, W) token grids after patching: the plan's worked example, 720p/1080p/2x-of-H3 shapes, tiny grids, odd
 # sizes, T = 1, grids with empty shifted windows dropped, portrait, a 30-frame cap case, a rounding edge case.
@@ -69,18 +69,8 @@ def _model_settings(OmegaConf, checkout: Path, name: str):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("checkout", type=Path)
-    ap.add_argument("--commit", help="official commit of the checkout (default: git rev-parse HEAD in it)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/seedvr2_windows.json")
-    args = ap.parse_args()
-    checkout = args.checkout.resolve()
+    args, checkout, commit = official_checkout("seedvr2_windows.json")
     torch, OmegaConf, impls = _official(checkout)
-    commit = args.commit or subprocess.run(
-        ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    if len(commit) != 40:
-        sys.exit(f"cannot tell the official commit of {checkout}: pass --commit <40 hex digits>")
 
     models = {name: _model_settings(OmegaConf, checkout, name) for name in ("3b", "7b")}
     cases = []
