@@ -111,8 +111,13 @@ def meta_shapes(build: Callable[[], torch.nn.Module]) -> dict[str, tuple[int, ..
 
 
 def find_shards(folder: str | os.PathLike) -> dict[Path, list[str] | None]:
-    """Map each safetensors file of a component folder to the keys the index assigns it (None: read its header)."""
+    """Map each safetensors file of a component folder to the keys the index assigns it (None: read its header).
+    A single `.safetensors` file (the single-file releases, e.g. SeedVR2's) is its own one-file "folder"."""
     folder = Path(folder)
+    if folder.is_file():
+        if folder.suffix != ".safetensors":
+            raise CheckpointError(f"{folder} is not a .safetensors file; only safetensors weights are loaded.")
+        return {folder: None}
     if not folder.is_dir():
         raise CheckpointError(f"Model component folder not found: {folder}")
     for stem in WEIGHT_STEMS:

@@ -23,11 +23,12 @@ from typing import Callable
 import torch
 
 from ....errors import Cancelled
+from ....media.frame_sinks import FileSink, MemorySink
 from ..extension_layout import build_window_layout
-from ..extension_output import ExtensionOutput, FileSink, MemorySink
+from ..extension_output import ExtensionOutput
 from ..extension_plan import plan_windows
 from ..extension_source import driving_soundtrack, prepare_extension_source
-from ..geometry import RequestError, latent_frames
+from ..geometry import FPS, RequestError, latent_frames
 from ..layout import audio_latents_to_rows, audio_rows_to_latents, held_at_condition, patchify, unpatchify
 from ..request import H3Result
 from ..schedule import DualSchedule
@@ -81,7 +82,7 @@ def run_extend(pipe, req, on_step: StepCallback | None = None,
     output = None
     if pipe.parallel.is_driver:  # rank 0 alone decodes and writes
         if req.output_path:
-            sink = FileSink(req.output_path, src.width, src.height, dev, c.audio_rate, req.crf, req.preset,
+            sink = FileSink(req.output_path, src.width, src.height, FPS, dev, c.audio_rate, req.crf, req.preset,
                             req.metadata)
         else:
             sink = MemorySink()
