@@ -96,13 +96,13 @@ def test_decode_equals_official(vae, i):
         assert rel(vae.decode(z), T[f"dec.{i}.sliced.out"]) <= TOL
 
 
-def _longest(kind, cases):
+def _longest(cases):
     return max(range(len(cases)), key=lambda i: cases[i][0])
 
 
 @pytest.mark.parametrize("slice_frames", [4, 8, 12])
 def test_sliced_encode_equals_whole(vae, slice_frames):
-    x = T[f"enc.{_longest('enc', ENCODE)}.x"].float()
+    x = T[f"enc.{_longest(ENCODE)}.x"].float()
     assert x.shape[2] == 17
     whole = vae.encode(x, slice_frames=None)
     sliced = vae.encode(x, slice_frames=slice_frames)
@@ -112,7 +112,7 @@ def test_sliced_encode_equals_whole(vae, slice_frames):
 
 @pytest.mark.parametrize("slice_latents", [1, 2, 3])
 def test_sliced_decode_equals_whole(vae, slice_latents):
-    z = T[f"dec.{_longest('dec', DECODE)}.z"].float()
+    z = T[f"dec.{_longest(DECODE)}.z"].float()
     assert z.shape[2] == 5
     whole = vae.decode(z, slice_latents=None)
     sliced = vae.decode(z, slice_latents=slice_latents)
@@ -121,9 +121,9 @@ def test_sliced_decode_equals_whole(vae, slice_latents):
 
 def test_causal_prefixes(vae):
     """Causality: a clip's first latents / frames do not depend on what follows them."""
-    x = T[f"enc.{_longest('enc', ENCODE)}.x"].float()
+    x = T[f"enc.{_longest(ENCODE)}.x"].float()
     assert rel(vae.encode(x[:, :, :5])[0], vae.encode(x)[0][:, :, :2]) <= TOL
-    z = T[f"dec.{_longest('dec', DECODE)}.z"].float()
+    z = T[f"dec.{_longest(DECODE)}.z"].float()
     assert rel(vae.decode(z[:, :, :2]), vae.decode(z)[:, :, :5]) <= TOL
 
 
@@ -132,7 +132,7 @@ def test_small_chunks_equal_whole_ops_and_bound_every_conv_input(vae, monkeypatc
     chunked attention queries and banded depth-to-space; results equal the unchunked pass and no conv reads a
     padded input larger than the budget."""
     budget = 80 * 1024  # >= the largest 3-row band (16 channels x 7 frames x 3 x 50 x 4 bytes)
-    x = T[f"enc.{_longest('enc', ENCODE)}.x"].float()
+    x = T[f"enc.{_longest(ENCODE)}.x"].float()
     z = T["dec.1.z"].float()  # 2 latents of 4 x 6 -> 5 frames of 32 x 48
     whole_enc = vae.encode(x, slice_frames=None)
     whole_dec = vae.decode(z, slice_latents=None)

@@ -199,8 +199,8 @@ class SeedVR2VAE(nn.Module):
                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, torch.Tensor]:
         """video [B, 3, F, H, W] in [-1, 1], F = 1 + 4n -> (mean, logvar), each [B, 16, 1 + n, H // 8, W // 8],
         unscaled; logvar clamped to [-30, 20]. H, W not multiples of 8 are accepted as the official does (each
-        stride-2 conv floors), so a caller that wants the whole frame back pads to multiples of 8 first. ``slice_frames``: frames per time slice after the first (a positive
-        multiple of 4), None for one slice."""
+        stride-2 conv floors), so a caller that wants the whole frame back pads to multiples of 8 first.
+        ``slice_frames``: frames per time slice after the first (a positive multiple of 4), None for one slice."""
         cfg = self.config
         tf = cfg.temporal_factor
         if video.ndim != 5 or video.shape[1] != cfg.in_channels or (video.shape[2] - 1) % tf:

@@ -29,10 +29,9 @@ class VAEConfig:
     def __post_init__(self) -> None:
         n = len(self.block_channels)
         if n < 1 or not 0 <= self.temporal_down_blocks <= n - 1:
-            raise ValueError(f"VAEConfig: temporal_down_blocks={self.temporal_down_blocks} needs 0..{n - 1} down blocks")
-        for c in self.block_channels:
-            if c % self.norm_groups:
-                raise ValueError(f"VAEConfig: block channels {self.block_channels} must divide into {self.norm_groups} groups")
+            raise ValueError(f"VAEConfig: temporal_down_blocks={self.temporal_down_blocks} must be 0..{n - 1}")
+        if any(c % self.norm_groups for c in self.block_channels):
+            raise ValueError(f"VAEConfig: {self.block_channels} channels do not split into {self.norm_groups} groups")
 
     @classmethod
     def released(cls) -> "VAEConfig":

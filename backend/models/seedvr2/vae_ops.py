@@ -19,7 +19,7 @@ memory knobs never change results beyond fp32 noise.
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
