@@ -57,6 +57,14 @@ def test_bad_batch_is_a_request_error(batch):
     assert "\n" not in str(err.value)
 
 
+def test_a_single_frame_is_one_batch_of_one():
+    assert B.plan_batches(1, 1, 0).spans == ((0, 1),)
+    with pytest.raises(RequestError, match="4n\\+1"):
+        B.plan_batches(2, 1, 0)
+    with pytest.raises(RequestError, match="4n\\+1"):
+        B.plan_batches(3, 4, 0)
+
+
 @pytest.mark.parametrize("overlap", [-1, 17, 30])
 def test_bad_overlap_is_a_request_error(overlap):
     with pytest.raises(RequestError, match="overlap") as err:

@@ -1,6 +1,6 @@
 """SeedVR2 long videos: frame batches restored independently, then cross-faded where they overlap.
 
-Plan: batches of B frames (4n+1, >= 5) start every B - O frames (O = overlap, 0 <= O < B); the last batch is slid
+Plan: batches of B frames (4n+1, >= 5 unless B covers the whole video) start every B - O frames (O = overlap, 0 <= O < B); the last batch is slid
 back to end at the last frame, so every batch has B frames (no short tail) and the last overlap may exceed O. A video
 of at most B frames is one batch of its own length (the model input pads it to 4n+1).
 
@@ -71,9 +71,11 @@ def plan_batches(frames: int, batch: int, overlap: int) -> BatchPlan:
     frames, batch, overlap = int(frames), int(batch), int(overlap)
     if frames < 1:
         raise RequestError(f"SeedVR2 needs at least 1 frame, got {frames}.")
-    if batch < MIN_BATCH or batch % 4 != 1:
-        raise RequestError(f"SeedVR2 batch frames must be 4n+1 and at least {MIN_BATCH} (5, 9, 13, 17, 21, ...), "
-                           f"got {batch}.")
+    # 4n+1 always; a single batch may be shorter than 5 (a 1-frame input), several need >= 5 (one latent frame of
+    # history besides the first)
+    if batch < 1 or batch % 4 != 1 or (batch < MIN_BATCH and frames > batch):
+        raise RequestError(f"SeedVR2 batch frames must be 4n+1 and at least {MIN_BATCH} (5, 9, 13, 17, 21, ...) "
+                           f"for a video of {frames} frames, got {batch}.")
     if not 0 <= overlap < batch:
         raise RequestError(f"SeedVR2 overlap must be 0..{batch - 1} frames (smaller than the batch of {batch}), "
                            f"got {overlap}.")
