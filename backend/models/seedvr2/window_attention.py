@@ -7,11 +7,12 @@ text queries, keys and values are the same for every window (the official code r
 window). Video outputs go back to canonical (t, h, w) order; each text token's output is the mean of its outputs
 over all windows of the sample (the official ``repeat_concat_idx`` un-concat: reshape to [L_txt, windows] and mean).
 
-RoPE is not applied here: the caller rotates q/k before calling. In the official code RoPE comes after the q/k
-RMSNorm and after the window partition, with window-local positions (``window_shape``): the 7B ("pixel") rotates
-video q/k only, with per-window-shape tables; the 3B ("mmrope3d") rotates video q/k (positions restart at each
-window origin) and text q/k (text position j on every axis, the same table for every window, so the text stays
-shared). Each video token lies in exactly one window of a layout, so rotating it in canonical order is equivalent.
+RoPE: ``window_attention`` takes rotated q/k. ``window_attention_rows`` (the DiT's entry point, on one rank's rows
+of a layer, see routing.py) rotates each gathered group's video q/k itself when given a table per window shape: a
+window's table has window-local positions, and windows of one shape share it. In the official code RoPE comes after
+the q/k RMSNorm and after the window partition (``window_shape``): the 7B ("pixel") rotates video q/k only; the 3B
+("mmrope3d") rotates video q/k (positions restart at each window origin) and text q/k (text position j on every
+axis, the same table for every window, so the caller rotates the text once).
 
 Speed: windows of equal shape are gathered into one ``[G, n + L_txt, heads, head_dim]`` batch and attended with a
 single kernel call per shape group (<= 27 per layer at the released settings), never one call per window. The kernel
@@ -21,37 +22,97 @@ is an attention backend callable ``fn(q, k, v, plan=None)`` on ``[batch, seq, he
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
+from .routing import LayerRows, canonical_rows
 from .windows import WindowLayout
 
 AttentionFn = Callable[..., torch.Tensor]
-
-# Per (layout, device): the canonical token ids of each shape group, [G, n] int64 on the device. Layouts come from
-# an lru cache (stable objects), so the id plus an identity check is a safe key; bounded like that cache.
-_INDEX_CACHE: Dict[Tuple[int, str], Tuple[WindowLayout, List[torch.Tensor]]] = {}
-_INDEX_CACHE_MAX = 128
+Table = Tuple[torch.Tensor, torch.Tensor]
+# shape (t, h, w) of a window -> its RoPE table (cos, sin) [t*h*w, rot] float32 (rope.py); None: no rotation.
+RopeFn = Callable[[Tuple[int, int, int]], Table]
 
 
 def group_token_ids(layout: WindowLayout, device: torch.device) -> List[torch.Tensor]:
     """Canonical token ids of every shape group's windows, [G, n] int64 on ``device`` (cached)."""
-    key = (id(layout), str(device))
-    hit = _INDEX_CACHE.get(key)
-    if hit is not None and hit[0] is layout:
-        return hit[1]
-    ids = [layout.perm[g.rows].to(device) for g in layout.groups]
-    if len(_INDEX_CACHE) >= _INDEX_CACHE_MAX:
-        _INDEX_CACHE.clear()
-    _INDEX_CACHE[key] = (layout, ids)
-    return ids
+    return [idx for _, idx in canonical_rows(layout, device).groups]
 
 
 def _default_attention() -> AttentionFn:
     from ...attention.registry import get_backend
 
     return get_backend("sdpa")
+
+
+def _rotate_(x: torch.Tensor, table: Table) -> None:
+    """RoPE in place on x [G, n, heads, head_dim] (a gathered copy the caller owns) with a window table [n, rot]:
+    the arithmetic of rope.apply_rope (float32, interleaved pairs), without its full-size float32 output."""
+    cos, sin = table
+    rot = cos.shape[1]
+    c = cos[:, None, 0::2].to(device=x.device, dtype=torch.float32)  # one value per pair: [n, 1, rot/2]
+    s = sin[:, None, 0::2].to(device=x.device, dtype=torch.float32)
+    x0 = x[..., 0:rot:2].float()
+    x1 = x[..., 1:rot:2].float()
+    even = x0 * c - x1 * s
+    odd = x1 * c + x0 * s
+    x[..., 0:rot:2] = even
+    x[..., 1:rot:2] = odd
+
+
+def window_attention_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_txt: torch.Tensor,
+    k_txt: torch.Tensor,
+    v_txt: torch.Tensor,
+    rows: LayerRows,
+    attention: Optional[AttentionFn] = None,
+    plan: Any = None,
+    rope: Optional[RopeFn] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Joint window attention on one rank's rows of one layer (the DiT's entry point).
+
+    q/k/v: [n_local, heads, head_dim] in the local order of ``rows`` (routing.py); q/k normalised, not rotated.
+    q/k/v_txt: [L_txt, heads, head_dim], final (text RoPE, if any, already applied).
+    rope: the video table of a window shape; each group's gathered q/k are rotated with it (window-local positions).
+    Returns (video out [n_local, heads, head_dim] in the local order, q's dtype; text out summed over this rank's
+    windows [L_txt, heads, head_dim] float32, NOT divided: the caller reduces over ranks and divides by
+    ``rows.total_windows``). One ``attention`` call per shape group, batch = the group's windows.
+    """
+    n_local = rows.n_local
+    if q.dim() != 3 or q.shape[0] != n_local:
+        raise ValueError(f"video q has shape {tuple(q.shape)}; expected [{n_local}, heads, head_dim] for these rows")
+    heads, dim = q.shape[1:]
+    n_txt = q_txt.shape[0]
+    for name, x, count in (("k", k, n_local), ("v", v, n_local), ("q_txt", q_txt, n_txt), ("k_txt", k_txt, n_txt),
+                           ("v_txt", v_txt, n_txt)):
+        if tuple(x.shape) != (count, heads, dim):
+            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {(count, heads, dim)}")
+    fn = attention if attention is not None else _default_attention()
+
+    vid_out = torch.empty((n_local, heads, dim), dtype=q.dtype, device=q.device)
+    # float32 accumulation of the per-window text outputs (a bf16 running sum over ~100 windows would lose bits).
+    txt_sum = torch.zeros(n_txt, heads, dim, dtype=torch.float32, device=q.device)
+    for shape, idx in rows.groups:
+        g, n = idx.shape
+        flat = idx.reshape(-1)
+
+        def joint(vid: torch.Tensor, txt: torch.Tensor, rotate: bool) -> torch.Tensor:
+            part = vid.index_select(0, flat).view(g, n, heads, dim)
+            if rotate and rope is not None:
+                _rotate_(part, rope(shape))
+            if not n_txt:
+                return part
+            return torch.cat([part, txt.unsqueeze(0).expand(g, n_txt, heads, dim)], dim=1)
+
+        out = fn(joint(q, q_txt, True), joint(k, k_txt, True), joint(v, v_txt, False), plan)  # [G, n + L_txt, h, d]
+        vid_out.index_copy_(0, flat, out[:, :n].reshape(g * n, heads, dim).to(vid_out.dtype))
+        if n_txt:
+            txt_sum += out[:, n:].sum(0, dtype=torch.float32)
+    return vid_out, txt_sum
 
 
 def window_attention(
@@ -65,7 +126,7 @@ def window_attention(
     attention: Optional[AttentionFn] = None,
     plan: Any = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Joint window attention of one sample.
+    """Joint window attention of one whole sample in canonical order.
 
     q/k/v_vid: [L_vid, heads, head_dim] in canonical (t, h, w) order, L_vid = T*H*W of ``layout.grid``.
     q/k/v_txt: [L_txt, heads, head_dim] (L_txt may be 0).
@@ -77,26 +138,6 @@ def window_attention(
         raise ValueError(
             f"video q has shape {tuple(q_vid.shape)}; expected [{n_vid}, heads, head_dim] for grid {layout.grid}"
         )
-    heads, dim = q_vid.shape[1:]
-    for name, x, rows in (("k_vid", k_vid, n_vid), ("v_vid", v_vid, n_vid), ("k_txt", k_txt, q_txt.shape[0]),
-                          ("v_txt", v_txt, q_txt.shape[0]), ("q_txt", q_txt, q_txt.shape[0])):
-        if tuple(x.shape) != (rows, heads, dim):
-            raise ValueError(f"{name} has shape {tuple(x.shape)}; expected {(rows, heads, dim)}")
-    fn = attention if attention is not None else _default_attention()
-    n_txt = q_txt.shape[0]
-
-    vid_out = torch.empty_like(q_vid)
-    # fp32 accumulation of the per-window text outputs (a bf16 running sum over ~100 windows would lose bits).
-    txt_sum = torch.zeros(n_txt, heads, dim, dtype=torch.float32, device=q_txt.device)
-    for group, ids in zip(layout.groups, group_token_ids(layout, q_vid.device)):
-        g, n = ids.shape
-
-        def joint(vid: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
-            return torch.cat([vid[ids], txt.unsqueeze(0).expand(g, n_txt, heads, dim)], dim=1)
-
-        out = fn(joint(q_vid, q_txt), joint(k_vid, k_txt), joint(v_vid, v_txt), plan)  # [G, n + L_txt, h, d]
-        vid_out.index_copy_(0, ids.reshape(-1), out[:, :n].reshape(g * n, heads, dim).to(vid_out.dtype))
-        if n_txt:
-            txt_sum += out[:, n:].sum(0, dtype=torch.float32)
-    txt_out = (txt_sum / len(layout.windows)).to(q_txt.dtype)
-    return vid_out, txt_out
+    rows = canonical_rows(layout, q_vid.device)
+    vid, txt_sum = window_attention_rows(q_vid, k_vid, v_vid, q_txt, k_txt, v_txt, rows, attention, plan)
+    return vid, (txt_sum / rows.total_windows).to(q_txt.dtype)

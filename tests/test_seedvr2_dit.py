@@ -1,0 +1,361 @@
+"""SeedVR2 DiTs (3B and 7B) vs the official NaDiT (fixtures made by tools/make_seedvr2_dit_goldens.py): fp32
+outputs on tiny configs, the released key sets and parameter counts, one attention call per window-shape group, and
+the routing protocol with a non-canonical row order."""
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from comfyui_h3.backend.attention.registry import get_backend
+from comfyui_h3.backend.models.seedvr2 import rope as R
+from comfyui_h3.backend.models.seedvr2 import windows as W
+from comfyui_h3.backend.models.seedvr2.dit import SeedVR2DiT
+from comfyui_h3.backend.models.seedvr2.dit_config import DiTConfig
+from comfyui_h3.backend.models.seedvr2.routing import LayerRows, LocalRouting, WindowRouting, canonical_rows
+from comfyui_h3.backend.models.seedvr2.window_attention import window_attention, window_attention_rows
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VARIANTS = ("3b", "7b")
+RELEASED = json.loads((FIXTURES / "seedvr2_dit_keys.json").read_text())
+
+
+def _load(variant):
+    with safe_open(str(FIXTURES / f"seedvr2_dit_{variant}.safetensors"), framework="pt") as f:
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+GOLDEN = {v: _load(v) for v in VARIANTS}
+CASES = [(v, i, c) for v in VARIANTS for i, c in enumerate(json.loads(GOLDEN[v][0]["cases"]))]
+
+
+# The same exact integer arithmetic as tools/make_seedvr2_dit_goldens.py (the fixture's sums check it).
+def det_uniform(shape, salt):
+    x = torch.arange(math.prod(shape), dtype=torch.int64) + salt * 1_000_003
+    for _ in range(3):
+        x = (x * 1103515245 + 12345) % 2**31
+        x = x ^ (x >> 16)
+    return (x.double() / 2**30 - 1).float().reshape(shape)
+
+
+def det_weights(shapes):
+    out = {}
+    for i, name in enumerate(sorted(shapes)):
+        u = det_uniform(tuple(shapes[name]), salt=100_000 + i)
+        if len(shapes[name]) == 2:
+            out[name] = u * (3.0 / shapes[name][1]) ** 0.5
+        elif name.endswith("weight") or name.endswith("_scale"):
+            out[name] = 1 + 0.3 * u
+        else:
+            out[name] = 0.3 * u
+    return out
+
+
+def _config(variant):
+    return DiTConfig.from_dict(json.loads(GOLDEN[variant][0]["config"]))
+
+
+_MODELS = {}
+
+
+def _model(variant):
+    """The tiny model with the fixture's weights, loaded strictly (the official RoPE buffers included)."""
+    if variant not in _MODELS:
+        meta, tensors = GOLDEN[variant]
+        model = SeedVR2DiT(_config(variant)).eval()
+        weights = det_weights({k: list(p.shape) for k, p in model.named_parameters()})
+        sums = json.loads(meta["weight_sums"])
+        assert sorted(sums) == sorted(weights)
+        for k, s in sums.items():
+            assert float(weights[k].double().sum()) == pytest.approx(s, rel=1e-12, abs=1e-9), k
+        state = dict(weights)
+        state.update({k: tensors["rope_freqs"] for k in model.state_dict() if k.endswith(".rope.rope.freqs")})
+        model.load_state_dict(state, strict=True)
+        _MODELS[variant] = model
+    return _MODELS[variant]
+
+
+def _inputs(variant, i, case):
+    t, h, w = case["grid"]
+    cfg = _config(variant)
+    vid = det_uniform((t, 2 * h, 2 * w, cfg.vid_in_channels), salt=10 * i + 1)
+    txt = det_uniform((case["txt_len"], cfg.txt_dim), salt=10 * i + 2)
+    assert float(vid.double().sum()) == pytest.approx(case["vid_sum"], rel=1e-12, abs=1e-9)
+    assert float(txt.double().sum()) == pytest.approx(case["txt_sum"], rel=1e-12, abs=1e-9)
+    return vid, txt
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _ids(items):
+    return [f"{v}-{'x'.join(map(str, c['grid']))}-{'.'.join(map(str, c['counts']))}" for v, _, c in items]
+
+
+# ---- goldens ---------------------------------------------------------------------------------------------------------
+
+
+def test_fixtures_record_official_commit():
+    commits = {RELEASED["commit"]} | {GOLDEN[v][0]["commit"] for v in VARIANTS}
+    assert len(commits) == 1 and len(commits.pop()) == 40
+    assert RELEASED["3b"]["module"] == "models.dit_v2.nadit.NaDiT"
+    assert RELEASED["7b"]["module"] == "models.dit.nadit.NaDiT"
+    grids = {tuple(c["grid"]) for _, _, c in CASES}
+    assert grids >= {(1, 20, 36), (3, 20, 36), (10, 6, 8), (3, 31, 17)}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tiny_preset_is_the_golden_config(variant):
+    assert _config(variant) == DiTConfig.tiny(variant, txt_dim=int(GOLDEN[variant][0]["txt_dim"]))
+
+
+@pytest.mark.parametrize("variant,i,case", CASES, ids=_ids(CASES))
+def test_equals_official_fp32(variant, i, case):
+    model = _model(variant)
+    vid, txt = _inputs(variant, i, case)
+    routing = LocalRouting(case["grid"], model.config.layers, case["counts"])
+    with torch.no_grad():
+        out = model(vid, txt, case["timestep"], routing=routing)
+    ref = GOLDEN[variant][1][f"{i}.out"]
+    assert out.shape == ref.shape == (*vid.shape[:3], 16)
+    assert _rel(out, ref) <= 1e-5
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rope_buffers_are_the_official_values_but_unused(variant):
+    model = _model(variant)
+    cfg = model.config
+    official = GOLDEN[variant][1]["rope_freqs"]
+    ours = R.mmrope3d_frequencies(cfg.rope_dim) if cfg.rope == "mmrope3d" else R.pixel_frequencies(cfg.head_dim)
+    torch.testing.assert_close(ours, official, rtol=0, atol=0)
+    # RoPE comes from the formula: garbage in the stored buffers (fp8 files round them) changes nothing.
+    i, case = 2, json.loads(GOLDEN[variant][0]["cases"])[2]
+    vid, txt = _inputs(variant, i, case)
+    routing = LocalRouting(case["grid"], cfg.layers, case["counts"])
+    with torch.no_grad():
+        ref = model(vid, txt, case["timestep"], routing=routing)
+        saved = [b.clone() for n, b in model.named_buffers() if n.endswith("rope.rope.freqs")]
+        for n, b in model.named_buffers():
+            if n.endswith("rope.rope.freqs"):
+                b.fill_(123.0)
+        try:
+            out = model(vid, txt, case["timestep"], routing=routing)
+        finally:
+            for b, s in zip((b for n, b in model.named_buffers() if n.endswith("rope.rope.freqs")), saved):
+                b.copy_(s)
+    assert torch.equal(out, ref)
+
+
+# ---- released checkpoints: keys, shapes, sizes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant,approx", [("3b", 3.391e9), ("7b", 8.240e9)])
+def test_released_config_has_the_official_keys_and_size(variant, approx):
+    with torch.device("meta"):
+        model = SeedVR2DiT(DiTConfig.released(variant))
+    ours = [[k, list(t.shape)] for k, t in model.state_dict().items()]
+    assert ours == RELEASED[variant]["keys"]  # same names, shapes and order
+    params = sum(p.numel() for p in model.parameters())
+    assert params == RELEASED[variant]["params"]
+    assert params == pytest.approx(approx, rel=2e-4)
+    assert len(ours) == {"3b": 635, "7b": 1128}[variant]
+
+
+def test_released_3b_layout_quirks_in_keys():
+    keys = {k for k, _ in RELEASED["3b"]["keys"]}
+    assert "blocks.9.mlp.txt.proj_in.weight" in keys and "blocks.10.mlp.all.proj_in.weight" in keys
+    assert "vid_out_ada.out_scale" in keys and "vid_out_ada.out_gate" not in keys
+    keys7 = {k for k, _ in RELEASED["7b"]["keys"]}
+    assert "blocks.35.mlp.txt.proj_in.bias" in keys7 and "vid_out_norm.weight" not in keys7
+
+
+def test_strict_load_rejects_a_foreign_state_dict():
+    model = SeedVR2DiT(DiTConfig.tiny("3b", txt_dim=8))
+    other = SeedVR2DiT(DiTConfig.tiny("7b", txt_dim=8)).state_dict()
+    with pytest.raises(RuntimeError, match="Missing key"):
+        model.load_state_dict(other, strict=True)
+
+
+# ---- structure of the computation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_attention_call_per_shape_group(variant):
+    model = _model(variant)
+    i, case = 4, json.loads(GOLDEN[variant][0]["cases"])[4]
+    vid, txt = _inputs(variant, i, case)
+    routing = LocalRouting(case["grid"], model.config.layers, case["counts"])
+    sdpa = get_backend("sdpa")
+    calls = []
+
+    def counting(q, k, v, plan=None):
+        assert plan == "plan-x"
+        calls.append(q.shape[0])
+        return sdpa(q, k, v, plan)
+
+    with torch.no_grad():
+        out = model(vid, txt, case["timestep"], routing=routing, attention=counting, plan="plan-x")
+    layers = [routing.rows(i) for i in range(model.config.layers)]
+    assert len(calls) == sum(len(r.groups) for r in layers) < sum(r.total_windows for r in layers)
+    assert sum(calls) == sum(r.total_windows for r in layers)
+    assert _rel(out, GOLDEN[variant][1][f"{i}.out"]) <= 1e-5
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_row_chunking_changes_nothing(variant):
+    model = _model(variant)
+    i, case = 3, json.loads(GOLDEN[variant][0]["cases"])[3]
+    vid, txt = _inputs(variant, i, case)
+    default = model.chunk_rows
+    with torch.no_grad():
+        whole = model(vid, txt, case["timestep"])
+        model.chunk_rows = 97
+        try:
+            chunked = model(vid, txt, case["timestep"])
+        finally:
+            model.chunk_rows = default
+    assert default >= vid.shape[0] * vid.shape[1] * vid.shape[2] // 4  # the default ran it in one chunk
+    assert _rel(chunked, whole) <= 1e-6
+
+
+class _ShuffledRouting:
+    """Test double of a sharded routing on one rank: every layer holds its rows in a different random order (as a
+    window-sharded rank does), with groups indexing into that order; advance permutes between orders."""
+
+    def __init__(self, grid, num_layers, counts, seed=0):
+        self.local = LocalRouting(grid, num_layers, counts)
+        gen = torch.Generator().manual_seed(seed)
+        n = self.local.num_tokens
+        self.orders = [torch.randperm(n, generator=gen) for _ in range(num_layers)]  # row_ids per layer
+        self.text_reductions = 0
+
+    def start(self, tokens):
+        self.local.start(tokens)
+        return tokens[self.orders[0]]
+
+    def rows(self, layer):
+        canon = self.local.rows(layer)
+        ids = self.orders[layer]
+        position = torch.empty_like(ids)
+        position[ids] = torch.arange(ids.numel())
+        groups = tuple((shape, position[idx]) for shape, idx in canon.groups)
+        return LayerRows(layout=canon.layout, row_ids=ids, groups=groups, total_windows=canon.total_windows)
+
+    def advance(self, x, layer):
+        cur, nxt = self.orders[layer], self.orders[layer + 1]
+        canon = torch.empty_like(x)
+        canon[cur] = x
+        return canon[nxt]
+
+    def reduce_text(self, txt_sum):
+        self.text_reductions += 1
+        return txt_sum
+
+    def finish(self, x):
+        canon = torch.empty_like(x)
+        canon[self.orders[-1]] = x
+        return canon
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_any_local_row_order_gives_the_same_result(variant):
+    model = _model(variant)
+    i, case = 4, json.loads(GOLDEN[variant][0]["cases"])[4]
+    vid, txt = _inputs(variant, i, case)
+    routing = _ShuffledRouting(case["grid"], model.config.layers, case["counts"])
+    assert isinstance(routing, WindowRouting) and isinstance(LocalRouting((1, 2, 2), 2), WindowRouting)
+    with torch.no_grad():
+        out = model(vid, txt, case["timestep"], routing=routing)
+    assert _rel(out, GOLDEN[variant][1][f"{i}.out"]) <= 1e-5
+    assert routing.text_reductions == model.config.layers - 1  # the last layer's text is never used
+
+
+def test_routing_that_returns_none_off_the_driver():
+    model = _model("7b")
+    i, case = 2, json.loads(GOLDEN["7b"][0]["cases"])[2]
+    vid, txt = _inputs("7b", i, case)
+
+    class OffDriver(LocalRouting):
+        def finish(self, x):
+            return None
+
+    with torch.no_grad():
+        assert model(vid, txt, 1000.0, routing=OffDriver(case["grid"], 4, case["counts"])) is None
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bfloat16_activations_track_fp32(variant):
+    model = _model(variant)
+    i, case = 2, json.loads(GOLDEN[variant][0]["cases"])[2]
+    vid, txt = _inputs(variant, i, case)
+    routing = LocalRouting(case["grid"], model.config.layers, case["counts"])
+    low = SeedVR2DiT(model.config).to(torch.bfloat16)
+    low.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        out = low(vid.bfloat16(), txt.bfloat16(), case["timestep"], routing=routing)
+    assert out.dtype == torch.bfloat16
+    assert _rel(out.float(), GOLDEN[variant][1][f"{i}.out"]) < 0.05
+
+
+def test_bad_inputs_are_one_clear_error():
+    model = SeedVR2DiT(DiTConfig.tiny("7b", txt_dim=8))
+    txt = torch.zeros(3, 8)
+    with pytest.raises(ValueError, match=r"input has shape \(2, 5, 8, 33\); expected \[T, H, W, 33\]"):
+        model(torch.zeros(2, 5, 8, 33), txt, 1000.0)
+    with pytest.raises(ValueError, match=r"input has shape \(2, 4, 8, 16\)"):
+        model(torch.zeros(2, 4, 8, 16), txt, 1000.0)
+    with pytest.raises(ValueError, match=r"text has shape \(3, 9\); expected \[L_txt, 8\]"):
+        model(torch.zeros(1, 4, 4, 33), torch.zeros(3, 9), 1000.0)
+    with pytest.raises(ValueError, match="unknown"):
+        DiTConfig.released("13b")
+    with pytest.raises(ValueError, match="mm_layers 3 must equal layers 4"):
+        dataclasses.replace(DiTConfig.tiny("7b"), mm_layers=3)
+
+
+# ---- window_attention_rows -------------------------------------------------------------------------------------------
+
+
+def test_rows_entry_point_rotates_per_group_and_returns_the_text_sum():
+    grid, counts = (5, 9, 11), (2, 12, 15)
+    layout = W.window_layout(W.SHIFTED, grid, counts)
+    gen = torch.Generator().manual_seed(3)
+    n, heads, dim, n_txt = math.prod(grid), 2, 32, 4
+    q, k, v = (torch.randn(n, heads, dim, generator=gen) for _ in range(3))
+    tq, tk, tv = (torch.randn(n_txt, heads, dim, generator=gen) for _ in range(3))
+
+    def table(shape):
+        return R.mmrope3d_video_table(shape, n_txt, 32)
+
+    # Reference: rotate each window's q/k with rope.apply_rope in canonical order, then the plain entry point.
+    qr, kr = q.clone(), k.clone()
+    for shape, idx in canonical_rows(layout).groups:
+        flat = idx.reshape(-1)
+        qr[flat] = R.apply_rope(q[flat].view(*idx.shape, heads, dim), table(shape)).reshape(-1, heads, dim)
+        kr[flat] = R.apply_rope(k[flat].view(*idx.shape, heads, dim), table(shape)).reshape(-1, heads, dim)
+    ref_vid, ref_txt = window_attention(qr, kr, v, tq, tk, tv, layout)
+
+    q0, k0 = q.clone(), k.clone()
+    vid, txt_sum = window_attention_rows(q, k, v, tq, tk, tv, canonical_rows(layout), rope=table)
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # rotation happens on the gathered copies
+    assert txt_sum.dtype == torch.float32
+    torch.testing.assert_close(vid, ref_vid, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(txt_sum / len(layout.windows), ref_txt, rtol=1e-6, atol=1e-6)
+
+
+def test_rows_entry_point_with_no_local_rows():
+    layout = W.window_layout(W.REGULAR, (2, 6, 9), (1, 20, 25))
+    empty = LayerRows(layout=layout, row_ids=torch.empty(0, dtype=torch.int64), groups=(), total_windows=3)
+    z = torch.zeros(0, 2, 8)
+    t = torch.randn(4, 2, 8)
+
+    def never(*a, **k):
+        raise AssertionError("no window, no attention call")
+
+    vid, txt_sum = window_attention_rows(z, z, z, t, t, t, empty, attention=never)
+    assert vid.shape == (0, 2, 8) and torch.equal(txt_sum, torch.zeros(4, 2, 8))
