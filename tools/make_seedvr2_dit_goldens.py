@@ -35,7 +35,7 @@ TXT_DIM = 32
 # Tiny sizes per variant (everything else from the released config).
 TINY = {
     "3b": dict(vid_dim=64, heads=2, head_dim=32, num_layers=4, mm_layers=2, rope_dim=32),
-    "7b": dict(vid_dim=48, heads=2, head_dim=48, num_layers=4),
+    "7b": dict(vid_dim=64, heads=2, head_dim=48, num_layers=4),
 }
 # (token grid (T, H, W) after the (1, 2, 2) patch, window counts, text length, timestep). The models' counts
 # (4, 3, 3) on 16:9, portrait and temporal grids (an empty shifted t window at (10, 6, 8)); small counts on a small

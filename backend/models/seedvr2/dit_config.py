@@ -120,11 +120,12 @@ class DiTConfig:
     @classmethod
     def tiny(cls, variant: str, txt_dim: int = 5120) -> "DiTConfig":
         """Tiny look-alikes with every structural feature of the released ones: 3B-like has separate, shared and
-        last-quirk layers and 5 mm-rope frequencies per axis; 7B-like has 4 pixel frequencies per axis."""
+        last-quirk layers and 5 mm-rope frequencies per axis; 7B-like has 4 pixel frequencies per axis and
+        heads * head_dim (96) != dim (64)."""
         if variant == "3b":
             return cls(variant="3b", dim=64, heads=2, head_dim=32, layers=4, mm_layers=2, mlp="swiglu",
                        mlp_hidden=swiglu_hidden(64), rope="mmrope3d", rope_dim=32, txt_dim=txt_dim)
         if variant == "7b":
-            return cls(variant="7b", dim=48, heads=2, head_dim=48, layers=4, mm_layers=4, mlp="gelu",
-                       mlp_hidden=4 * 48, rope="pixel", rope_dim=24, txt_dim=txt_dim)
+            return cls(variant="7b", dim=64, heads=2, head_dim=48, layers=4, mm_layers=4, mlp="gelu",
+                       mlp_hidden=4 * 64, rope="pixel", rope_dim=24, txt_dim=txt_dim)
         raise ValueError(f"SeedVR2 DiT variant {variant!r} is unknown; expected one of {VARIANTS}")
