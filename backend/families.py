@@ -20,6 +20,7 @@ _PKG = __package__  # comfyui_h3.backend
 # name -> "module:attribute" (module relative to this package when it starts with ".")
 _FAMILIES: dict[str, str] = {
     "h3": ".pipelines.h3.family:FAMILY",
+    "seedvr2": ".pipelines.seedvr2.family:FAMILY",
 }
 _LOADED: dict[str, object] = {}
 

@@ -36,3 +36,28 @@ def ensure_tiny_model(target: str | os.PathLike | None = None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+TINY_SEEDVR2_NAME = "tiny-seedvr2 (built-in test model, makes noise)"
+
+
+def ensure_tiny_seedvr2(target: str | os.PathLike | None = None, variant: str = "3b") -> Path:
+    """Folder of the tiny SeedVR2 set (DiT, VAE, text embedding; backend/models/seedvr2/tiny.py), built if absent,
+    staged and renamed into place like the tiny H3 set."""
+    from .backend.models.seedvr2.tiny import DIT_FILE, make_tiny_seedvr2
+
+    target = Path(target) if target else cache_dir() / f"tiny-seedvr2-{variant}"
+    if (target / DIT_FILE.format(variant=variant)).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tiny-seedvr2-", dir=target.parent))
+    try:
+        built = make_tiny_seedvr2(staging / "model", variant)
+        try:
+            os.rename(built, target)
+        except OSError:
+            if not (target / DIT_FILE.format(variant=variant)).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,24 @@
+"""What one SeedVR2 rank holds: the DiT (compute dtype), the video VAE (its own dtype) and the fixed text embedding,
+loaded once by the family's one loader (strict keys, safetensors only, fp8 files cast per tensor at load)."""
+
+from __future__ import annotations
+
+import torch
+
+from ...models.seedvr2.checkpoints import load_dit, load_text_embedding, load_vae
+
+
+class SeedVR2Components:
+    def __init__(self, options, runtime):
+        self.device = runtime.device
+        self.dtype = runtime.compute_dtype
+        self.vae_dtype = getattr(torch, options.vae_dtype)
+        self.dit = load_dit(options.dit_path, self.device, self.dtype, expect=options.variant)
+        self.vae = load_vae(options.vae_path, self.device, self.vae_dtype)
+        # [L, 5120] -> the DiT's compute dtype once; every batch reuses it.
+        self.text = load_text_embedding(options.text_path).to(self.device, self.dtype)
+        self.compile_blocks = options.compile == "on" or (options.compile == "auto" and runtime.is_cuda)
+
+    @property
+    def config(self):
+        return self.dit.config

@@ -1,0 +1,124 @@
+"""SeedVR2Pipeline: what one SeedVR2 worker rank runs (backend/families.py's contract: `run(request, on_step,
+should_stop)`). A video is restored in batches of frames (batches.py; the batch size checked against the device's
+free memory before any work, memory.py); each batch is one restoration step (restore.py); batches are cross-faded
+where they overlap and each frame goes to the sink (a streamed MP4 or host memory) as soon as it is final. Progress
+is per batch; Stop is honoured between batches (every rank agrees), keeping the frames already final."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ...errors import Cancelled
+from ...media.frame_sinks import FileSink, MemorySink
+from .batches import StreamBlender, plan_batches
+from .memory import check_fits
+from .preprocess import plan_geometry
+from .request import UpscaleRequest, UpscaleResult
+from .restore import batch_generator, restore_batch
+
+
+class SeedVR2Pipeline:
+    def __init__(self, components, runtime):
+        self.c = components
+        self.parallel = runtime.parallel
+        self.runtime = runtime
+
+    def _routing_for(self):
+        if not self.parallel.is_parallel:
+            return None
+        from ...parallel.window_shard import ShardedWindowRouting
+
+        config = self.c.config
+
+        def make(grid):
+            return ShardedWindowRouting(self.parallel, grid, config.layers, config.window_counts)
+
+        return make
+
+    def _free_bytes(self) -> int | None:
+        if self.c.device.type != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info(self.c.device)
+        return int(free)
+
+    def plan(self, req: UpscaleRequest):
+        """(geometry, batch plan) of a request, or a RequestError before any work."""
+        frames = req.frames
+        size = (req.width, req.height) if req.width is not None else None
+        geometry = plan_geometry(frames.shape[1], frames.shape[2], scale=req.scale, short_side=req.short_side,
+                                 size=size, fit=req.edge)
+        act = torch.finfo(self.c.dtype).bits // 8
+        vae_act = torch.finfo(self.c.vae_dtype).bits // 8
+        batch = check_fits(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
+                           act, vae_act, self._free_bytes(), self.parallel.world)
+        batch = min(batch, ((req.num_frames - 1 + 3) // 4) * 4 + 1)
+        overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
+        return geometry, plan_batches(req.num_frames, batch, overlap if req.num_frames > batch else 0)
+
+    @torch.no_grad()
+    def run(self, req: UpscaleRequest, on_step: Callable[[int, int], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> UpscaleResult:
+        req.validate()
+        t0 = time.perf_counter()
+        geometry, plan = self.plan(req)
+        out_h, out_w = geometry.output
+        p = self.parallel
+        sink = blender = None
+        if p.is_driver:
+            if req.output_path:
+                enc = req.encode_options
+                sink = FileSink(req.output_path, out_w, out_h, req.fps, self.c.device, req.sample_rate,
+                                enc.get("crf", 19), enc.get("preset", "medium"), enc.get("metadata", {}))
+                if req.audio is not None:
+                    sink.write_audio(req.audio, req.sample_rate)
+            else:
+                sink = MemorySink()
+            blender = StreamBlender(plan)
+        routing_for = self._routing_for()
+        timings: dict = {"batches": plan.count, "batch_frames": plan.batch}
+        done = 0
+        try:
+            for k, (start, stop) in enumerate(plan.spans):
+                if p.any(should_stop is not None and should_stop()):
+                    raise Cancelled(f"Stopped before batch {k + 1}/{plan.count}.")
+                frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
+                                       batch_generator(req.seed, k), p, routing_for,
+                                       self.runtime.attention, timings if req.timings else None)
+                if blender is not None:
+                    for chunk in blender.push(frames):
+                        sink.write(chunk)
+                done = k + 1
+                if on_step is not None:
+                    on_step(done, plan.count)
+        except Cancelled as exc:
+            exc.extra = self._finish_partial(sink, blender, done, plan.count)
+            raise
+        except BaseException:
+            if sink is not None:
+                sink.abort()
+            raise
+        timings["total_s"] = time.perf_counter() - t0
+        if self.c.device.type == "cuda":
+            timings["peak_device_mb"] = torch.cuda.max_memory_allocated(self.c.device) / 2**20
+        frames = None
+        if sink is not None:
+            sink.close()
+            if isinstance(sink, MemorySink):
+                frames = sink.result()[0]
+        return UpscaleResult(frames, out_w, out_h, req.num_frames, plan.count, req.output_path, timings=timings)
+
+    @staticmethod
+    def _finish_partial(sink, blender, done: int, planned: int) -> dict:
+        """On Stop: publish the frames already final (a file with them, or none when nothing finished)."""
+        if sink is None:
+            return {}
+        emitted = blender.emitted if blender is not None else 0
+        if emitted and not isinstance(sink, MemorySink):
+            sink.close()
+        else:
+            sink.abort()
+        return {"batches_done": done, "batches": planned, "frames_done": emitted}
+

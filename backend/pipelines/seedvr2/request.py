@@ -1,0 +1,95 @@
+"""What a SeedVR2 upscale asks for and what it returns. `validate()` is the request boundary: everything a user can
+get wrong is refused here with a RequestError naming the value, before any frame is resized or any weight runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import torch
+
+from ...errors import RequestError
+
+COLOR_FIXES = ("wavelet", "adain", "lab", "none")
+EDGE_MODES = ("pad", "crop")  # making the size a multiple of 16: replicate-pad (cropped back after) or centre-crop
+MAX_SCALE = 8.0
+MAX_SIDE = 8192
+
+
+@dataclass
+class UpscaleRequest:
+    """frames: torch.uint8 [F, H, W, 3] RGB on the host (a ComfyUI IMAGE batch or a VIDEO's frames, F >= 1).
+    Target size: exactly one of `scale` (x the input), `short_side` (pixels of the output's shorter side) or
+    `width`+`height`; the output keeps the input's frame count and frame rate.
+    batch_frames: frames restored together (4n+1; 0 = as many as fit, see memory.py); overlap: frames shared by
+    consecutive batches and cross-faded. seed: the noise of batch k is drawn from a generator seeded (seed, k).
+    output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory)."""
+
+    frames: torch.Tensor
+    scale: float | None = 2.0
+    short_side: int | None = None
+    width: int | None = None
+    height: int | None = None
+    batch_frames: int = 0
+    overlap: int = 8
+    color_fix: str = "wavelet"
+    seed: int = 0
+    edge: str = "pad"
+    fps: Fraction = Fraction(24)
+    output_path: str | None = None
+    encode_options: dict = field(default_factory=dict)  # crf, preset, metadata for output_path
+    audio: torch.Tensor | None = None  # [C, S] float32 muxed into output_path unchanged
+    sample_rate: int | None = None
+    timings: bool = False  # seconds per stage in the result (synchronises the device at stage borders)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.frames.shape[0])
+
+    def validate(self) -> None:
+        f = self.frames
+        if not isinstance(f, torch.Tensor) or f.dim() != 4 or f.shape[-1] != 3 or f.dtype != torch.uint8:
+            shape = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
+            raise RequestError(f"Upscale input must be uint8 RGB frames [frames, height, width, 3], got {shape}.")
+        if f.shape[0] < 1:
+            raise RequestError("Upscale input has no frames.")
+        if min(f.shape[1], f.shape[2]) < 16:
+            raise RequestError(f"Upscale input is {f.shape[2]}x{f.shape[1]}; each side must be >= 16 pixels.")
+        given = [self.scale is not None, self.short_side is not None, self.width is not None or self.height is not None]
+        if sum(given) != 1:
+            raise RequestError("Give exactly one target: a scale, a short side, or a width and height.")
+        if self.scale is not None and not (0 < float(self.scale) <= MAX_SCALE):
+            raise RequestError(f"Scale {self.scale} is out of range; use a value in (0, {MAX_SCALE:g}].")
+        if self.short_side is not None and not (16 <= int(self.short_side) <= MAX_SIDE):
+            raise RequestError(f"Short side {self.short_side} is out of range; use 16..{MAX_SIDE} pixels.")
+        if given[2] and not (self.width and self.height and 16 <= self.width <= MAX_SIDE
+                             and 16 <= self.height <= MAX_SIDE):
+            raise RequestError(f"Give both a target width and height, each 16..{MAX_SIDE} pixels; got width "
+                               f"{self.width}, height {self.height}.")
+        if self.batch_frames and (self.batch_frames < 1 or self.batch_frames % 4 != 1):
+            raise RequestError(f"Batch frames must be 4n+1 (1, 5, 9, ... 17, 21, ...) or 0 for auto, got "
+                               f"{self.batch_frames}.")
+        if self.overlap < 0 or (self.batch_frames and self.overlap >= self.batch_frames):
+            raise RequestError(f"Overlap {self.overlap} must be >= 0 and smaller than the batch ({self.batch_frames} "
+                               "frames).")
+        if self.color_fix not in COLOR_FIXES:
+            raise RequestError(f"Colour fix {self.color_fix!r} is not one of {', '.join(COLOR_FIXES)}.")
+        if self.edge not in EDGE_MODES:
+            raise RequestError(f"Edge mode {self.edge!r} is not one of {', '.join(EDGE_MODES)}.")
+        if not 0 <= int(self.seed) < 2**64:
+            raise RequestError(f"Seed {self.seed} must be in 0..2^64-1.")
+
+
+@dataclass
+class UpscaleResult:
+    """frames: uint8 [F, H', W', 3] on the host (None when streamed to `path`); batches restored; stopped: a Stop
+    ended the run after `frames_done` final frames (a streamed file then holds those)."""
+
+    frames: torch.Tensor | None
+    width: int
+    height: int
+    frames_done: int
+    batches: int
+    path: str | None = None
+    stopped: bool = False
+    timings: dict = field(default_factory=dict)

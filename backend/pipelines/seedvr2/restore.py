@@ -1,0 +1,98 @@
+"""One SeedVR2 batch: frames -> model frames -> VAE encode -> one DiT step at t = 1000 -> decode -> colour fix -> uint8.
+
+The official recipe (projects/video_diffusion_sr/infer.py) for one sample, with the noise drawn from the batch's own
+generator in the official order (posterior eps, then x_T):
+- cond = (mean + exp(logvar / 2) * eps) * LATENT_SCALE: the VAE posterior is sampled, as upstream does;
+- DiT input [T, h, w, 33] = cat[x_T 16 | cond 16 | ones 1]; v = DiT(input, text, t = 1000);
+- x0 = x_T - v (v-prediction on the lerp schedule at t = T), decoded after dividing by LATENT_SCALE;
+- colour fix against the model-size input frames, then the fit undone and the frame count restored.
+With several ranks every rank runs the DiT on its windows (ShardedWindowRouting); rank 0 alone encodes (the
+condition is broadcast), decodes and returns frames; the others return None.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from ...models.seedvr2.vae import LATENT_SCALE
+from .colorfix import color_fix
+from .preprocess import Geometry, prepare_video, uint8_frames
+
+TIMESTEP = 1000.0
+CHUNK_BYTES = 512 * 1024**2  # float32 temporaries of the colour fix per chunk of frames
+
+
+def batch_generator(seed: int, batch: int) -> torch.Generator:
+    """The noise source of batch `batch`: its own stream, so a batch's result does not depend on the batches before
+    it (the same seed and settings give the same video, also when a run is resumed or re-batched)."""
+    return torch.Generator().manual_seed((int(seed) + batch * 0x9E3779B97F4A7C15) % 2**64)
+
+
+def sample_condition(vae, video: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale."""
+    mean, logvar = vae.encode(video[None])
+    eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32).to(mean.device)
+    latent = (mean.float() + torch.exp(0.5 * logvar.float()) * eps) * LATENT_SCALE
+    return latent[0].permute(1, 2, 3, 0).contiguous()
+
+
+@contextmanager
+def _stage(timings: dict | None, name: str, device: torch.device):
+    """Adds the stage's seconds to timings[name] (device work included: synchronised at both ends); no-op without."""
+    if timings is None:
+        yield
+        return
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    yield
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+
+def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
+                  parallel, routing_for=None, attention=None, timings: dict | None = None) -> torch.Tensor | None:
+    """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
+    `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
+    runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it."""
+    dev = c.device
+    n = frames.shape[0]
+    with _stage(timings, "prepare_s", dev):
+        video = prepare_video(frames, geometry, dtype=c.vae_dtype, device=dev)  # [3, F', H', W'] in [-1, 1]
+    t_lat = (video.shape[1] - 1) // 4 + 1
+    h, w = geometry.model[0] // 8, geometry.model[1] // 8
+    cond = torch.empty((t_lat, h, w, 16), dtype=torch.float32, device=dev)
+    if parallel.is_driver:
+        with _stage(timings, "encode_s", dev):
+            cond.copy_(sample_condition(c.vae, video, generator))
+    else:
+        torch.randn((1, 16, t_lat, h, w), generator=generator)  # keep every rank's generator in step with rank 0
+    parallel.broadcast_from_driver(cond)
+    noise = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32).to(dev)
+    model_in = torch.cat([noise, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    del cond
+    routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
+    with _stage(timings, "dit_s", dev):
+        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
+    del model_in
+    if not parallel.is_driver:
+        return None
+    x0 = (noise - velocity.float()).div_(LATENT_SCALE)
+    del velocity, noise
+    with _stage(timings, "decode_s", dev):
+        decoded = c.vae.decode(x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype))[0]  # [3, F', H', W']
+    del x0
+    # Colour fix and quantisation per chunk of frames in float32 (a bf16 result would step by ~1 level of 255).
+    top, left, out_h, out_w = geometry.box
+    out = torch.empty((n, out_h, out_w, 3), dtype=torch.uint8, device=dev)
+    step = max(1, CHUNK_BYTES // (8 * 4 * decoded[:, 0].numel()))
+    with _stage(timings, "color_fix_s", dev):
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            fixed = color_fix(decoded[:, a:b].float(), video[:, a:b], color_method)
+            out[a:b] = uint8_frames(fixed, geometry, b - a)
+    return out
