@@ -210,7 +210,10 @@ def test_host_staging_only_where_gloo_serves_a_device(monkeypatch):
 # -- routing on one rank (no process group) ----------------------------------------------------------------------
 
 def test_routing_checks_layers_and_rows():
+    from comfyui_h3.backend.models.seedvr2.routing import WindowRouting
+
     routing = ShardedWindowRouting(SINGLE, (2, 21, 23), 2)
+    assert isinstance(routing, WindowRouting)
     x = routing.start(_tokens((2, 21, 23)))
     with pytest.raises(ValueError, match="expected \\[966, C\\]"):
         routing.start(torch.zeros(965, 4))

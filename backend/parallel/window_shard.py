@@ -208,7 +208,7 @@ class WindowShardPlan:
         return int((self._token_owner[src] != self._token_owner[dst]).sum())
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=4)  # a plan holds a few int64 per token (tens of MB at 1080p); requests reuse one grid
 def _cached_plan(grid: Tuple[int, int, int], world: int, counts: Tuple[int, int, int], text_len: int,
                  linear_cost: int, methods: Tuple[str, ...]) -> WindowShardPlan:
     return WindowShardPlan(grid, world, counts, text_len, linear_cost, methods)
