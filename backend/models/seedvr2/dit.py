@@ -322,6 +322,7 @@ class SeedVR2DiT(nn.Module):
 
     # -- forward ----------------------------------------------------------------------------------------------------
 
+    @torch.no_grad()  # inference only: the residual stream is updated in place
     def forward(
         self,
         vid: torch.Tensor,
