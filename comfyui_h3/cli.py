@@ -1,4 +1,4 @@
-"""Command line: `python -m comfyui_h3 {generate,edit,extend,run,demo,make-tiny} ...` (see --help of each)."""
+"""Command line: `python -m comfyui_h3 {generate,edit,extend,upscale,run,demo,make-tiny} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -149,6 +149,33 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
     _latents_option(x, "the latents of the whole result")
 
+    u = command("upscale", help="Upscale / restore a video with SeedVR2 (one diffusion step per batch of frames).")
+    u.add_argument("--model", default="tiny",
+                   help="SeedVR2 DiT .safetensors (3B or 7B, fp16 or fp8): a path, a name under models/SEEDVR2 or "
+                        "COMFYUI_H3_MODELS, or 'tiny' (built-in, makes noise).")
+    u.add_argument("--vae", default="auto",
+                   help="SeedVR2 VAE .safetensors (ema_vae_fp16); auto: the one beside the DiT, else the first found.")
+    u.add_argument("--variant", default="auto", choices=["auto", "3b", "7b"],
+                   help="Refuse a DiT file of the other model; auto: what the file holds.")
+    u.add_argument("--video", required=True, help="The video to upscale (its sound is kept unchanged).")
+    size = u.add_mutually_exclusive_group()
+    size.add_argument("--scale", type=float, default=None, help="Output size = input size x this (default 2).")
+    size.add_argument("--short-side", type=int, default=None, help="Output short side in pixels (aspect kept).")
+    size.add_argument("--size", default=None, metavar="WxH", help="Output width x height, e.g. 1920x1080.")
+    u.add_argument("--batch-frames", type=int, default=0,
+                   help="Frames restored together, 4n+1 (1, 5, 9, ..., 17, 21, ...); 0: as many as fit.")
+    u.add_argument("--overlap", type=int, default=8, help="Frames shared (cross-faded) by consecutive batches.")
+    u.add_argument("--color-fix", default="wavelet", choices=["wavelet", "adain", "lab", "none"],
+                   help="Colour correction toward the input.")
+    u.add_argument("--edge", default="pad", choices=["pad", "crop"],
+                   help="Reaching a multiple of 16 px: pad the edges (cropped back after) or crop them.")
+    u.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
+    _device_options(u)
+    u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
+    u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")
+    u.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
+    u.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
+
     r = command("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
     r.add_argument("workflow", help="The workflow file, API format (.api.json); checked as ComfyUI checks a prompt "
                                     "before anything runs.")
@@ -169,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _show_worker_reports(bool(os.environ.get("COMFYUI_H3_DEBUG")))
     try:
-        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend, "run": _run,
-                "demo": _demo}[args.command](args)
+        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend,
+                "upscale": _upscale, "run": _run, "demo": _demo}[args.command](args)
     except KeyboardInterrupt:
         print("Stopped.", file=sys.stderr)
         return 130
@@ -267,6 +294,14 @@ def _extend(args) -> int:
     if args.window_seconds is not None:
         args.window_frames = frames_for_seconds(args.window_seconds)
     return extend(args, lambda: _resolve_model(args.model))
+
+
+def _upscale(args) -> int:
+    from .cli_upscale import upscale
+    from .nodes.seedvr2_loader import resolve_seedvr2_files
+
+    args.device = resolve_device(args.device)
+    return upscale(args, lambda: resolve_seedvr2_files(args.model, args.vae, allow_explicit_path=True))
 
 
 def _run(args) -> int:

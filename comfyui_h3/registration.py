@@ -12,6 +12,8 @@ from .nodes.mask_draw import H3MaskDraw
 from .nodes.mask_preview import H3MaskPreview
 from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
+from .nodes.seedvr2_loader import H3SeedVR2Loader
+from .nodes.seedvr2_upscale import H3SeedVR2Upscale
 from . import comfy_services as services
 from .install_samples import install_sample_inputs
 from .routes import register_routes
@@ -27,6 +29,8 @@ NODE_CLASS_MAPPINGS = {
     "H3_MaskDraw": H3MaskDraw,
     "H3_MaskPreview": H3MaskPreview,
     "H3_Extend": H3Extend,
+    "H3_SeedVR2Loader": H3SeedVR2Loader,
+    "H3_SeedVR2Upscale": H3SeedVR2Upscale,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -39,6 +43,8 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_MaskDraw": "H3 Mask Draw",
     "H3_MaskPreview": "H3 Mask Preview",
     "H3_Extend": "H3 Extend (continue past 15 s)",
+    "H3_SeedVR2Loader": "SeedVR2 Model Loader",
+    "H3_SeedVR2Upscale": "SeedVR2 Upscale",
 }
 WEB_DIRECTORY = "./js"
 

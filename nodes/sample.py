@@ -96,8 +96,10 @@ class H3Sample:
                 H3Latents(result.video_latents, result.audio_latents, result.fps))
 
 
-def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None):
-    """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors.
+def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None,
+               desc: str = "H3 denoise", label: str = "MiniMax-H3"):
+    """Run a request on the handle's engine with ComfyUI progress and Stop; errors become node errors ("`label`
+    failed: ..."; `desc` names the progress on a headless terminal).
     `status(done, total)` -> a text shown on the node with each step; `summary(result)` -> the text shown on the node
     when the run is done (ComfyUI's frontend shows this progress text in the node itself; a node's ui "text" output
     it shows only for its own nodes); `on_cancelled(EngineCancelled)` -> the message of the interrupt raised on Stop
@@ -110,7 +112,7 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
     engine = handle.engine()
     if not engine.started and handle.config.device.startswith("cuda"):
         services.free_comfy_device_memory(handle.config.device)
-    reporter = services.ProgressReporter(total_steps, node_id=node_id, desc="H3 denoise")
+    reporter = services.ProgressReporter(total_steps, node_id=node_id, desc=desc)
     stop = {"requested": False}
 
     def progress(done, total):
@@ -132,7 +134,7 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
     except RequestError as exc:
         raise ValueError(str(exc)) from None
     except EngineError as exc:
-        raise RuntimeError(f"MiniMax-H3 failed: {exc}") from None
+        raise RuntimeError(f"{label} failed: {exc}") from None
     if summary is not None:
         reporter.set_text(summary(result))
     return result

@@ -13,6 +13,7 @@ below are the implementation:
 - ``memory``: :func:`free_comfy_device_memory` and the free-memory hook
 - ``device``: :func:`comfy_compute_device`, the device ComfyUI computes on
 - ``models``: model roots, discovery and :func:`resolve_h3_model`
+- ``seedvr2_models``: SeedVR2 DiT / VAE / text-embedding discovery and :func:`resolve_seedvr2_file`
 - ``paths``: input/output/temp directories and the safe resolvers
 
 Headless behaviour: progress lines on stderr, an interrupt flag that only :func:`request_interrupt` sets, model roots
@@ -30,6 +31,9 @@ from .interrupt import (clear_interrupt, interrupt_exception_types, interrupt_re
 from .memory import ensure_free_memory_hook, free_comfy_device_memory, log, register_free_memory_hook
 from .models import (ENV_MODELS, H3_EXTRA_FOLDER_TYPES, H3_FOLDER_TYPE, MODEL_SCAN_DEPTH, h3_model_dirs,
                      h3_model_roots, is_h3_model_dir, register_h3_model_folder, resolve_h3_model)
+from .seedvr2_models import (SEEDVR2_FOLDER_TYPE, SeedVR2FileNotFound, find_seedvr2_text_embedding,
+                             find_seedvr2_vae, register_seedvr2_model_folder, resolve_seedvr2_file,
+                             seedvr2_dit_files, seedvr2_file_kind, seedvr2_roots, seedvr2_vae_files)
 from .paths import (ENV_INPUT, ENV_OUTPUT, input_directory, output_directory, resolve_in_directory,
                     resolve_input_path, resolve_output_path, temp_directory)
 from .progress import ProgressReporter
@@ -54,6 +58,16 @@ __all__ = [
     "h3_model_dirs",
     "is_h3_model_dir",
     "resolve_h3_model",
+    "SEEDVR2_FOLDER_TYPE",
+    "SeedVR2FileNotFound",
+    "register_seedvr2_model_folder",
+    "seedvr2_roots",
+    "seedvr2_dit_files",
+    "seedvr2_vae_files",
+    "seedvr2_file_kind",
+    "resolve_seedvr2_file",
+    "find_seedvr2_vae",
+    "find_seedvr2_text_embedding",
     "output_directory",
     "input_directory",
     "temp_directory",

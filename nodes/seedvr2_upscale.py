@@ -1,0 +1,213 @@
+"""SeedVR2 Upscale: restore and upscale a video (or an IMAGE batch) in one diffusion step per batch of frames.
+
+Thin: adapts VIDEO / IMAGE to an UpscaleRequest (method: backend/pipelines/seedvr2/). A VIDEO input, or an output too
+big to hold in memory, is streamed by the worker into a file in ComfyUI's temp folder as batches finish, and comes
+back as a VIDEO read from that file (as H3 Extend does); a small IMAGE batch comes back in memory (no lossy encode).
+The input video's sound is carried to the output unchanged. On Stop the finished frames of a streamed output are kept
+in the output folder as H3/upscale_partial_NNNNN.mp4."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import torch
+
+from .. import comfy_services as services
+from ..backend.media.encode import as_fraction, next_free_path, release_placeholder
+from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_SCALE, MAX_SIDE, UpscaleRequest
+from ..extend_job import keep_partial
+from ..video_file import H3FileVideo
+from ..video_types import H3Video
+from .sample import MAX_SEED, run_engine
+from .seedvr2_loader import SEEDVR2_ENGINE
+
+TARGETS = ("scale", "short side", "width x height")
+MAX_BATCH_FRAMES = 4097
+MAX_OVERLAP = 64
+MEMORY_OUTPUT_BYTES = 1 << 30  # an IMAGE input whose uint8 result is larger than this is streamed to a file
+PARTIAL_PREFIX = "H3/upscale_partial"
+ENCODE_OPTIONS = {"crf": 18, "preset": "veryfast"}  # H3 Save Video's defaults: saving it then copies the file
+
+
+class H3SeedVR2Upscale:
+    CATEGORY = "H3"
+    FUNCTION = "upscale"
+    RETURN_TYPES = ("VIDEO",)
+    RETURN_NAMES = ("video",)
+    OUTPUT_TOOLTIPS = ("The upscaled video: the input's frame count and frame rate, with the input video's sound "
+                       "unchanged. To H3 Save Video, or H3 Video To Images for an IMAGE batch.",)
+    DESCRIPTION = ("Upscale and restore a video or images with SeedVR2 (one diffusion step per batch of frames). "
+                   "Long videos run in overlapping batches, cross-faded; the result streams into a file as batches "
+                   "finish, so memory stays that of one batch.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "engine": (SEEDVR2_ENGINE, {"tooltip": "From SeedVR2 Model Loader."}),
+                "target": (list(TARGETS), {
+                    "default": "scale",
+                    "tooltip": "How the output size is given: scale (x the input), short side (pixels of the "
+                               "shorter side, aspect kept) or width x height (stretched to it). The other size "
+                               "widgets are ignored."}),
+                "scale": ("FLOAT", {"default": 2.0, "min": 0.25, "max": MAX_SCALE, "step": 0.05,
+                                    "tooltip": "target scale: output size = input size x this."}),
+                "short_side": ("INT", {"default": 1080, "min": 16, "max": MAX_SIDE, "step": 2,
+                                       "tooltip": "target short side: the output's shorter side in pixels."}),
+                "width": ("INT", {"default": 1920, "min": 16, "max": MAX_SIDE, "step": 2,
+                                  "tooltip": "target width x height: the output width in pixels."}),
+                "height": ("INT", {"default": 1080, "min": 16, "max": MAX_SIDE, "step": 2,
+                                   "tooltip": "target width x height: the output height in pixels."}),
+                "batch_frames": ("INT", {"default": 0, "min": 0, "max": MAX_BATCH_FRAMES,
+                                         "tooltip": "Frames restored together: 0 = auto (as many as fit in memory), "
+                                                    "or 4n+1 (1, 5, 9, 13, 17, 21, ...). Below 17 the frames of a "
+                                                    "batch no longer attend to each other in time (more flicker)."}),
+                "overlap": ("INT", {"default": 8, "min": 0, "max": MAX_OVERLAP,
+                                    "tooltip": "Frames shared by consecutive batches, cross-faded so the seams do "
+                                               "not show (a multiple of 4 aligns with the latent frames). Must be "
+                                               "smaller than batch_frames."}),
+                "color_fix": (list(COLOR_FIXES), {
+                    "default": "wavelet",
+                    "tooltip": "Colour correction toward the input: wavelet (the official one: the input's low "
+                               "frequencies, the model's details), adain (per-channel mean/std), lab (colour "
+                               "channels matched in Lab), none."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
+                                 "tooltip": "Noise of the one diffusion step; same seed and settings -> the same "
+                                            "result."}),
+                "edge": (list(EDGE_MODES), {
+                    "default": "pad",
+                    "tooltip": "The model works on multiples of 16 px. pad: extend the edges, run, crop back (the "
+                               "exact size, nothing lost). crop: cut the few border pixels instead."}),
+            },
+            "optional": {
+                "video": ("VIDEO", {"tooltip": "The video to upscale (its sound is carried over unchanged). Connect "
+                                               "this or images."}),
+                "images": ("IMAGE", {"tooltip": "Frames to upscale instead of a VIDEO (an IMAGE batch, in order; one "
+                                                "image works too), at the fps below."}),
+                "fps": ("FLOAT", {"default": 24.0, "min": 0.01, "max": 240.0, "step": 0.001,
+                                  "tooltip": "Frame rate of the output for images; a connected video keeps its "
+                                             "own."}),
+            },
+            "hidden": {"unique_id": "UNIQUE_ID"},
+        }
+
+    @classmethod
+    def VALIDATE_INPUTS(cls, batch_frames):
+        # Names only `batch_frames` (ComfyUI then leaves its range to us, and reports a refusal once): 0 or 4n+1.
+        return check_batch_frames(batch_frames)
+
+    def upscale(self, engine, target, scale, short_side, width, height, batch_frames, overlap, color_fix, seed,
+                edge, video=None, images=None, fps=24.0, unique_id=None):
+        family = getattr(getattr(engine, "config", None), "family", None)
+        if family != "seedvr2":
+            raise ValueError("SeedVR2 Upscale needs the engine of a SeedVR2 Model Loader.")
+        if (video is None) == (images is None):
+            raise ValueError("SeedVR2 Upscale needs one input: connect a video or images (not both).")
+        if video is not None:
+            from ..video_types import video_to_frames_audio
+
+            frames, rate, wave, sample_rate = video_to_frames_audio(video)
+        else:
+            frames, rate, wave, sample_rate = images_to_frames(images), as_fraction(float(fps)), None, None
+        request = UpscaleRequest(frames=frames.cpu(), **target_fields(target, scale, short_side, width, height),
+                                 batch_frames=int(batch_frames), overlap=int(overlap), color_fix=color_fix,
+                                 seed=int(seed), edge=edge, fps=Fraction(rate),
+                                 audio=None if wave is None else torch.as_tensor(wave).float().cpu(),
+                                 sample_rate=sample_rate, encode_options=dict(ENCODE_OPTIONS))
+        streamed = video is not None or output_bytes(request) > MEMORY_OUTPUT_BYTES
+        path = next_free_path(services.temp_directory(), "h3_upscale/upscale", "mp4") if streamed else None
+        request.output_path = path
+        try:
+            result = run_engine(engine, request, 1, unique_id, status=batch_status,
+                                on_cancelled=lambda exc: _keep_what_finished(exc, path), summary=upscale_summary(
+                                    request), desc="SeedVR2 upscale", label="SeedVR2")
+        finally:
+            if path is not None:
+                release_placeholder(path)  # reserved but never published (an error, or Stop before any frame)
+        if path is not None:
+            clip = H3FileVideo(path)
+            if wave is not None:  # the input's sound itself, not its AAC copy in the file (which a save copies)
+                clip._audio, clip._sample_rate = request.audio, int(sample_rate)
+            return (clip,)
+        return (H3Video(result.frames, rate),)
+
+
+def check_batch_frames(batch_frames) -> bool | str:
+    """True for 0 (auto) or 4n+1 within the widget's range, else the message saying what fits."""
+    try:
+        value = int(batch_frames)
+    except (TypeError, ValueError):
+        return f"batch_frames must be a whole number, got {batch_frames!r}."
+    if not 0 <= value <= MAX_BATCH_FRAMES:
+        return f"batch_frames must be 0 (auto) or 4n+1 up to {MAX_BATCH_FRAMES}, got {value}."
+    if value and value % 4 != 1:
+        lower = value - (value - 1) % 4
+        return (f"batch_frames must be 0 (auto) or 4n+1 (1, 5, 9, ..., 17, 21, ...), got {value}: use {lower} or "
+                f"{lower + 4}.")
+    return True
+
+
+def target_fields(target: str, scale: float, short_side: int, width: int, height: int) -> dict:
+    """The request's target size fields for the node's `target` choice (the others stay None)."""
+    if target == "scale":
+        return {"scale": float(scale)}
+    if target == "short side":
+        return {"scale": None, "short_side": int(short_side)}
+    if target == "width x height":
+        return {"scale": None, "width": int(width), "height": int(height)}
+    raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}.")
+
+
+def images_to_frames(images: torch.Tensor) -> torch.Tensor:
+    """IMAGE [B, H, W, C] float 0..1 (C = 1, 3 or 4; alpha dropped, grey repeated) -> uint8 [B, H, W, 3] on the CPU,
+    converted in chunks (no float copy of the batch). NaN / inf are refused: the conversion would hide them."""
+    from ..backend.media.frames import video_to_uint8
+    from ..backend.pipelines.h3.finite import check_finite
+
+    if images.ndim == 3:
+        images = images[None]
+    if images.ndim != 4 or images.shape[-1] not in (1, 3, 4) or images.shape[0] < 1:
+        raise ValueError(f"images must be an IMAGE [frames, height, width, 1/3/4 channels], got "
+                         f"{tuple(images.shape)}.")
+    check_finite(images, "images")
+    images = images.expand(-1, -1, -1, 3) if images.shape[-1] == 1 else images[..., :3]
+    return video_to_uint8(images).cpu()
+
+
+def output_bytes(request: UpscaleRequest) -> int:
+    """Bytes of the uint8 result (an estimate: the exact size rounds to the model's grid)."""
+    frames, height, width = (int(s) for s in request.frames.shape[:3])
+    if request.scale is not None:
+        area = height * width * float(request.scale) ** 2
+    elif request.short_side is not None:
+        area = height * width * (int(request.short_side) / min(height, width)) ** 2
+    else:
+        area = int(request.width) * int(request.height)
+    return int(frames * area * 3)
+
+
+def batch_status(done: int, total: int) -> str:
+    return f"batch {done}/{total}"
+
+
+def upscale_summary(request: UpscaleRequest):
+    def summary(result) -> str:
+        height, width = int(request.frames.shape[1]), int(request.frames.shape[2])
+        return (f"{result.frames_done} frames {width}x{height} -> {result.width}x{result.height} in {result.batches} "
+                f"batch{'es' if result.batches != 1 else ''}")
+
+    return summary
+
+
+def _keep_what_finished(exc, path: str | None) -> str:
+    import os
+
+    extra = getattr(exc, "extra", {}) or {}
+    done, total = extra.get("batches_done", 0), extra.get("batches", 0)
+    if not extra.get("frames_done") or not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return "Stopped by the user before the first frames were final; nothing was kept."
+    kept = keep_partial(path, services.output_directory(), PARTIAL_PREFIX)
+    message = (f"Stopped by the user after {done} of {total} batches; the {extra['frames_done']} finished frames are "
+               f"saved as {os.path.relpath(kept, services.output_directory())}.")
+    services.log.warning(message)
+    return message
