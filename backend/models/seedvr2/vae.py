@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from .vae_config import VAEConfig
-from .vae_ops import DEFAULT_CHUNK_BYTES, CausalConv3d, CausalStream, FrameAttention, depth_to_space, group_norm
+from .vae_ops import DEFAULT_CHUNK_BYTES, CausalConv3d, CausalStream, FrameAttention, FrameGroupNorm, depth_to_space
 
 LATENT_SCALE = 0.9152  # the official configs' vae.scaling_factor
 LATENT_SHIFT = 0.0  # the official configs set no shifting_factor
@@ -53,8 +53,8 @@ class ResnetBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, stream: CausalStream) -> torch.Tensor:
         lim = stream.chunk_bytes
-        h = self.conv1(group_norm(self.norm1, x, lim, silu=True), stream)
-        h = self.conv2(group_norm(self.norm2, h, lim, silu=True), stream)
+        h = self.conv1(x, stream, FrameGroupNorm(self.norm1, x, lim, silu=True))
+        h = self.conv2(h, stream, FrameGroupNorm(self.norm2, h, lim, silu=True))
         skip = x if self.conv_shortcut is None else self.conv_shortcut(x, stream)
         return h.add_(skip)
 
@@ -140,7 +140,7 @@ class Encoder(nn.Module):
         for block in self.down_blocks:
             x = block(x, stream)
         x = self.mid_block(x, stream)
-        return self.conv_out(group_norm(self.conv_norm_out, x, stream.chunk_bytes, silu=True), stream)
+        return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
 
 
 class Decoder(nn.Module):
@@ -161,7 +161,7 @@ class Decoder(nn.Module):
         x = self.mid_block(self.conv_in(z, stream), stream)
         for block in self.up_blocks:
             x = block(x, stream)
-        return self.conv_out(group_norm(self.conv_norm_out, x, stream.chunk_bytes, silu=True), stream)
+        return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
 
 
 def _time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:

@@ -1,25 +1,28 @@
 """Memory-lean building blocks of the SeedVR2 VAE: causal 3D convs that stream over time slices, and per-frame
 GroupNorm / attention / depth-to-space done in bounded pieces.
 
-Every op here is exact: a piece computes the same numbers as the whole op (up to kernel summation order), so the
-memory knobs never change results beyond fp32 noise.
+Every op here is exact: a piece computes the same numbers as the whole op (up to summation order), so the memory
+knobs never change results beyond fp32 noise.
 
 - Time: a causal conv pads only the front of time -- on the first slice with copies of frame 0 (the official
   ``extend_head``), on later slices with the frames the previous slice left over (``CausalStream.memory``: the padded
-  input from the first frame the previous slice could not use as a window start on; ``kernel - stride`` frames when
-  the lengths divide). Slicing the video in time therefore equals the whole pass.
-- Space: a conv whose padded input exceeds ``chunk_bytes`` runs in bands of output rows, each band reading its input
-  rows plus the kernel's halo (and zero padding only at the frame's real edges), written into one output. This also
-  keeps every kernel call below 2**31 elements (large frames otherwise fail in cuDNN).
-- GroupNorm works per frame (the official folds time into the batch), in frame chunks, and by channel groups when one
-  frame is larger than ``chunk_bytes`` (groups are contiguous channels, so a group chunk is an exact GroupNorm).
-- The mid-block attention is per frame over its h*w tokens, one frame at a time, queries in chunks so that no score
-  block larger than ``chunk_bytes`` exists even on SDPA's math backend (fused backends never build one).
+  input from the first window start the slice could not take; ``kernel - stride`` frames when the lengths divide).
+  Slicing the video in time therefore equals the whole pass.
+- Space: a conv runs in bands of output rows whose padded input (kernel halo included, zero padding only at the
+  frame's real edges) fits ``chunk_bytes``, written into one output. This also keeps every kernel call below 2**31
+  elements (larger inputs fail in cuDNN).
+- GroupNorm is per frame (the official folds time into the batch). ``FrameGroupNorm`` takes each (frame, group)'s
+  statistics first, in fp32 over bounded chunks, then normalises (+ SiLU) any piece on demand: a conv preceded by a
+  norm applies it to each band it reads, so the normalised activation is never materialised whole. (PyTorch's own
+  GroupNorm kernel also runs one block per (frame, group): slow on large frames.)
+- The mid-block attention is per frame over its h*w tokens, one frame at a time, on SDPA's fused kernels (no score
+  matrix); where none applies, the math kernel runs on query chunks whose scores fit ``chunk_bytes``.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+import warnings
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -46,11 +49,67 @@ def _count(size: int, per: int) -> int:
     return max(1, min(size, per))
 
 
+class FrameGroupNorm:
+    """GroupNorm (+ optional SiLU) of every frame of x [B, C, T, H, W], computed lazily: statistics now (fp32, one
+    frame / group chunk at a time), normalisation of any piece ``x[:, :, t0:t1, rows]`` when called."""
+
+    def __init__(self, norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool):
+        b, c, t, h, w = x.shape
+        self.norm, self.silu, self.dtype = norm, silu, x.dtype
+        g = norm.num_groups
+        cg = c // g
+        self.mean = torch.empty(b, g, t, device=x.device, dtype=torch.float32)
+        self.rstd = torch.empty_like(self.mean)
+        group_frame = b * cg * h * w * 4  # fp32 bytes of one group of one frame
+        groups = _count(g, chunk_bytes // (group_frame * 2))
+        frames = _count(t, chunk_bytes // (group_frame * groups * 2))
+        for g0 in range(0, g, groups):
+            g1 = min(g, g0 + groups)
+            for t0 in range(0, t, frames):
+                t1 = min(t, t0 + frames)
+                part = x[:, g0 * cg:g1 * cg, t0:t1].float().reshape(b, g1 - g0, cg, t1 - t0, h * w)
+                var, mean = torch.var_mean(part, dim=(2, 4), correction=0)
+                self.mean[:, g0:g1, t0:t1] = mean
+                self.rstd[:, g0:g1, t0:t1] = (var + norm.eps).rsqrt_()
+
+    def __call__(self, part: torch.Tensor, t0: int) -> torch.Tensor:
+        """Normalise ``part`` = x[:, :, t0:t0 + n, <any rows>, <any cols>] (all channels)."""
+        b, c, n, h, w = part.shape
+        g = self.norm.num_groups
+        shape = (b, g, 1, n, 1)
+        y = (part.float().reshape(b, g, c // g, n, h * w) - self.mean[:, :, t0:t0 + n].reshape(shape))
+        y = y.mul_(self.rstd[:, :, t0:t0 + n].reshape(shape)).view(b, c, n, h, w)
+        y = y.mul_(self.norm.weight.float().view(c, 1, 1, 1)).add_(self.norm.bias.float().view(c, 1, 1, 1))
+        if self.silu:
+            y = F.silu(y, inplace=True)
+        return y.to(self.dtype)
+
+    @staticmethod
+    def bytes_per_element(x: torch.Tensor) -> int:
+        """Temporary bytes per input element while normalising a piece (fp32 work copy, result, cast)."""
+        return 8 + x.element_size()
+
+
+def group_norm(norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool = False) -> torch.Tensor:
+    """GroupNorm of each frame of x [B, C, T, H, W] (optionally followed by SiLU), materialised in bounded pieces."""
+    fn = FrameGroupNorm(norm, x, chunk_bytes, silu)
+    b, c, t, h, w = x.shape
+    out = torch.empty_like(x)
+    row = b * c * w * (x.element_size() + fn.bytes_per_element(x))
+    rows = _count(h, chunk_bytes // row)
+    frames = _count(t, chunk_bytes // (row * h)) if rows == h else 1
+    for t0 in range(0, t, frames):
+        for r0 in range(0, h, rows):
+            out[:, :, t0:t0 + frames, r0:r0 + rows] = fn(x[:, :, t0:t0 + frames, r0:r0 + rows], t0)
+    return out
+
+
 class CausalConv3d(nn.Conv3d):
     """Conv3d that is causal in time and pads space itself (``spatial_pad`` = top, bottom, left, right zeros).
 
     The parameters are a plain Conv3d's (same state-dict keys as the official ``InflatedCausalConv3d``); the module's
-    own padding is 0 and ``front`` frames are prepended in time (``2 * official temporal padding``).
+    own padding is 0 and ``front`` frames are prepended in time (``2 * official temporal padding``). ``forward``'s
+    ``pre`` (a FrameGroupNorm of x) is applied to x on the fly, band by band.
     """
 
     def __init__(self, cin: int, cout: int, kernel, stride=1, front: int = 0,
@@ -59,86 +118,117 @@ class CausalConv3d(nn.Conv3d):
         self.front = front
         self.spatial_pad = tuple(spatial_pad)
 
-    def forward(self, x: torch.Tensor, stream: CausalStream) -> torch.Tensor:  # type: ignore[override]
-        kt, kh, kw = self.kernel_size
-        st, sh, sw = self.stride
-        if stream.first:
-            head = x[:, :, :1].expand(-1, -1, self.front, -1, -1) if self.front else None
-        else:
-            head = stream.memory.pop(self, None)
-        nh = 0 if head is None else head.shape[2]
+    def forward(self, x: torch.Tensor, stream: CausalStream,  # type: ignore[override]
+                pre: Optional[FrameGroupNorm] = None) -> torch.Tensor:
+        kt, st = self.kernel_size[0], self.stride[0]
+        head = None if stream.first else stream.memory.pop(self, None)
+        nh = self.front if stream.first else (0 if head is None else head.shape[2])
         tp = nh + x.shape[2]
         if tp < kt:
             raise ValueError(f"causal conv needs {kt} frames, got {tp} (a time slice too short)")
         t_out = (tp - kt) // st + 1
-        if stream.keep and t_out * st < tp:
-            start = t_out * st  # the first window start this slice cannot take: carried to the next slice
-            parts = ([head[:, :, start:]] if start < nh else []) + [x[:, :, max(0, start - nh):]]
-            stream.memory[self] = torch.cat(parts, 2)  # a copy: never keeps the whole slice alive
-        return self._conv(head, x, nh, tp, t_out, stream.chunk_bytes)
+        src = _Frames(x, head, nh, pre)
+        if stream.keep and t_out * st < tp:  # the first window start this slice cannot take, onwards: carried
+            stream.memory[self] = src.gather(t_out * st, tp, stream.chunk_bytes)
+        return self._conv(src, t_out, stream.chunk_bytes)
 
-    def _conv(self, head, x, nh, tp, t_out, chunk_bytes) -> torch.Tensor:
+    def _conv(self, src: "_Frames", t_out: int, chunk_bytes: int) -> torch.Tensor:
+        x = src.x
         b, c, _, h, w = x.shape
-        kt, kh, kw = self.kernel_size
-        st, sh, sw = self.stride
+        kh, sh = self.kernel_size[1], self.stride[1]
         top, bottom, left, right = self.spatial_pad
         h_out = (h + top + bottom - kh) // sh + 1
-        w_out = (w + left + right - kw) // sw + 1
-        # output rows per band: its padded input ((rows - 1) * sh + kh rows) stays within chunk_bytes
-        in_row_bytes = b * c * tp * (w + left + right) * x.element_size()
-        rows = _count(h_out, (chunk_bytes // max(in_row_bytes, 1) - kh) // sh + 1)
+        w_out = (w + left + right - self.kernel_size[2]) // self.stride[2] + 1
+        # output rows per band: its padded input ((rows - 1) * sh + kh rows) and temporaries fit chunk_bytes
+        per_row = b * c * src.length * (w + left + right) * src.bytes_per_element()
+        rows = _count(h_out, (chunk_bytes // max(per_row, 1) - kh) // sh + 1)
         if rows >= h_out:
-            return F.conv3d(self._padded(head, x, nh, tp, 0, h_out), self.weight, self.bias, self.stride)
+            return F.conv3d(self._padded(src, 0, h_out), self.weight, self.bias, self.stride)
         out = x.new_empty(b, self.out_channels, t_out, h_out, w_out)
         for r0 in range(0, h_out, rows):
             r1 = min(h_out, r0 + rows)
-            out[:, :, :, r0:r1] = F.conv3d(self._padded(head, x, nh, tp, r0, r1), self.weight, self.bias, self.stride)
+            out[:, :, :, r0:r1] = F.conv3d(self._padded(src, r0, r1), self.weight, self.bias, self.stride)
         return out
 
-    def _padded(self, head, x, nh, tp, r0, r1) -> torch.Tensor:
-        """The zero-padded, time-extended input of output rows [r0, r1): one buffer, one copy of each source."""
-        b, c, t, h, w = x.shape
+    def _padded(self, src: "_Frames", r0: int, r1: int) -> torch.Tensor:
+        """The zero-padded, time-extended input of output rows [r0, r1)."""
+        x = src.x
+        b, c, _, h, w = x.shape
         kh, sh = self.kernel_size[1], self.stride[1]
         top, bottom, left, right = self.spatial_pad
         lo, hi = r0 * sh - top, (r1 - 1) * sh + kh - top  # input rows, may reach into the padding
         a, z = max(lo, 0), min(hi, h)
         pad_top, pad_bottom = a - lo, hi - z
-        if nh == 0 and not (pad_top or pad_bottom or left or right):
-            return x[:, :, :, a:z]
-        buf = x.new_empty(b, c, tp, hi - lo, w + left + right)
+        pieces = src.pieces(0, src.length, a, z)
+        if len(pieces) == 1 and not (pad_top or pad_bottom or left or right):
+            return pieces[0]
+        buf = x.new_empty(b, c, src.length, hi - lo, w + left + right)
         for sl in (buf[:, :, :, :pad_top], buf[:, :, :, hi - lo - pad_bottom:], buf[..., :left], buf[..., w + left:]):
             sl.zero_()
         inner = buf[:, :, :, pad_top:pad_top + z - a, left:left + w]
-        if nh:
-            inner[:, :, :nh].copy_(head[:, :, :, a:z])
-        inner[:, :, nh:].copy_(x[:, :, :, a:z])
+        t = 0
+        for p in pieces:
+            inner[:, :, t:t + p.shape[2]].copy_(p)
+            t += p.shape[2]
         return buf
 
 
-def group_norm(norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool = False) -> torch.Tensor:
-    """GroupNorm of each frame of x [B, C, T, H, W] (optionally followed by SiLU), in frame / group chunks."""
-    b, c, t, h, w = x.shape
-    out = torch.empty_like(x)
-    frame_bytes = b * c * h * w * x.element_size()
-    groups = norm.num_groups
-    per_group = c // groups
-    if frame_bytes <= chunk_bytes:
-        g_step = groups
-    else:  # largest divisor of the group count whose channel chunk fits (at least one group)
-        fit = max(1, chunk_bytes * groups // frame_bytes)
-        g_step = max(d for d in range(1, groups + 1) if groups % d == 0 and d <= fit)
-    frames = _count(t, chunk_bytes // max(frame_bytes, 1))
-    for t0 in range(0, t, frames):
-        t1 = min(t, t0 + frames)
-        xt = x[:, :, t0:t1].transpose(1, 2).reshape(b * (t1 - t0), c, h, w)
-        for g0 in range(0, groups, g_step):
-            c0, c1 = g0 * per_group, (g0 + g_step) * per_group
-            y = F.group_norm(xt[:, c0:c1], g_step, norm.weight[c0:c1], norm.bias[c0:c1], norm.eps)
-            if silu:
-                y = F.silu(y, inplace=True)
-            out[:, c0:c1, t0:t1] = y.reshape(b, t1 - t0, c1 - c0, h, w).transpose(1, 2)
-        del xt
-    return out
+class _Frames:
+    """The time-extended input of a causal conv: ``nh`` head frames (the carried ``head`` or, when it is None,
+    copies of frame 0) then x, with ``pre`` applied to x's frames (the carried head already has it)."""
+
+    def __init__(self, x: torch.Tensor, head: Optional[torch.Tensor], nh: int, pre: Optional[FrameGroupNorm]):
+        self.x, self.head, self.nh, self.pre = x, head, nh, pre
+        self.length = nh + x.shape[2]
+
+    def bytes_per_element(self) -> int:
+        return self.x.element_size() + (self.pre.bytes_per_element(self.x) if self.pre else 0)
+
+    def _x(self, t0: int, t1: int, a: int, z: int) -> torch.Tensor:
+        part = self.x[:, :, t0:t1, a:z]
+        return self.pre(part, t0) if self.pre is not None else part
+
+    def pieces(self, p0: int, p1: int, a: int, z: int) -> List[torch.Tensor]:
+        """Frames [p0, p1) of the extended input, rows [a, z), as a list of pieces along time."""
+        out = []
+        if p0 < self.nh:
+            n = min(p1, self.nh) - p0
+            if self.head is not None:
+                out.append(self.head[:, :, p0:p0 + n, a:z])
+            else:
+                out.append(self._x(0, 1, a, z).expand(-1, -1, n, -1, -1))
+        if p1 > self.nh:
+            out.append(self._x(max(p0, self.nh) - self.nh, p1 - self.nh, a, z))
+        return out
+
+    def gather(self, p0: int, p1: int, chunk_bytes: int) -> torch.Tensor:
+        """Frames [p0, p1) as one new tensor (never a view that would keep x alive), built in row bands."""
+        b, c, _, h, w = self.x.shape
+        out = self.x.new_empty(b, c, p1 - p0, h, w)
+        rows = _count(h, chunk_bytes // max(b * c * (p1 - p0) * w * self.bytes_per_element(), 1))
+        for a in range(0, h, rows):
+            t = 0
+            for p in self.pieces(p0, p1, a, min(h, a + rows)):
+                out[:, :, t:t + p.shape[2], a:a + rows] = p
+                t += p.shape[2]
+        return out
+
+
+def _sdpa_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+    """SDPA restricted to the kernels that never build the score matrix; None where none of them applies."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3
+        return None
+    fused = [getattr(SDPBackend, n) for n in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")
+             if hasattr(SDPBackend, n)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SDPA warns why each refused kernel does not apply
+            with sdpa_kernel(fused):
+                return F.scaled_dot_product_attention(q, k, v)
+    except RuntimeError:
+        return None
 
 
 class FrameAttention(nn.Module):
@@ -157,24 +247,21 @@ class FrameAttention(nn.Module):
         b, c, t, h, w = x.shape
         n = h * w
         out = torch.empty_like(x)
-        gn = self.group_norm
-        # rows of queries whose fp32 score block stays under chunk_bytes
-        q_rows = _count(n, chunk_bytes // (4 * n))
-        for i in range(b):
-            for j in range(t):
-                frame = x[i, :, j]
-                tok = F.group_norm(frame.unsqueeze(0), gn.num_groups, gn.weight, gn.bias, gn.eps)
-                tok = tok.reshape(c, n).t()
-                q, k, v = self.to_q(tok), self.to_k(tok), self.to_v(tok)
-                del tok
-                k, v = k[None, None], v[None, None]
+        norm = FrameGroupNorm(self.group_norm, x, chunk_bytes, silu=False)
+        for j in range(t):
+            tok = norm(x[:, :, j:j + 1], j).reshape(b, c, n).transpose(1, 2)
+            q, k, v = (proj(tok)[:, None] for proj in (self.to_q, self.to_k, self.to_v))
+            del tok
+            att = _sdpa_fused(q, k, v)
+            if att is None:  # math kernel: query chunks whose fp32 scores fit chunk_bytes
                 att = torch.empty_like(q)
-                for r0 in range(0, n, q_rows):
-                    att[r0:r0 + q_rows] = F.scaled_dot_product_attention(q[None, None, r0:r0 + q_rows], k, v)[0, 0]
-                del q, k, v
-                y = self.to_out[0](att)
-                del att
-                out[i, :, j] = y.t().reshape(c, h, w) + frame
+                rows = _count(n, chunk_bytes // (4 * n * b))
+                for r0 in range(0, n, rows):
+                    att[:, :, r0:r0 + rows] = F.scaled_dot_product_attention(q[:, :, r0:r0 + rows], k, v)
+            del q, k, v
+            y = self.to_out[0](att[:, 0])
+            del att
+            out[:, :, j] = y.transpose(1, 2).reshape(b, c, h, w) + x[:, :, j]
         return out
 
 
