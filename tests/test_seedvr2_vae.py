@@ -168,23 +168,28 @@ def test_group_norm_chunks_equal_torch_group_norm():
         assert rel(vae_ops.group_norm(norm, x, budget, silu=True), F.silu(ref)) <= 1e-6
 
 
-def test_frame_attention_query_chunks_equal_one_softmax():
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "math-query-chunks"])
+def test_frame_attention_equals_one_softmax(fused, monkeypatch):
+    if not fused:  # as where no fused SDPA kernel applies
+        monkeypatch.setattr(vae_ops, "_sdpa_fused", lambda q, k, v: None)
     gen = torch.Generator().manual_seed(5)
     attn = vae_ops.FrameAttention(16, 4, 1e-6)
     with torch.no_grad():
         for p in attn.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    x = torch.randn(1, 16, 2, 6, 5, generator=gen)
+    x = torch.randn(2, 16, 2, 6, 5, generator=gen)
     # reference: explicit softmax per frame over its 30 tokens, float64
     ref = torch.empty_like(x, dtype=torch.float64)
     a64 = {k: v.double() for k, v in attn.state_dict().items()}
-    for t in range(2):
-        f = x[0, :, t].double()
-        g = F.group_norm(f[None], 4, a64["group_norm.weight"], a64["group_norm.bias"], 1e-6)[0].reshape(16, 30).t()
-        q, k, v = (F.linear(g, a64[f"to_{n}.weight"], a64[f"to_{n}.bias"]) for n in "qkv")
-        o = torch.softmax(q @ k.t() / 16**0.5, -1) @ v
-        ref[0, :, t] = F.linear(o, a64["to_out.0.weight"], a64["to_out.0.bias"]).t().reshape(16, 6, 5) + f
-    for budget in (10**9, 4 * 30 * 7, 1):  # one block, 7-row query chunks, one query at a time
+    for b in range(2):
+        for t in range(2):
+            f = x[b, :, t].double()
+            g = F.group_norm(f[None], 4, a64["group_norm.weight"], a64["group_norm.bias"], 1e-6)[0]
+            g = g.reshape(16, 30).t()
+            q, k, v = (F.linear(g, a64[f"to_{n}.weight"], a64[f"to_{n}.bias"]) for n in "qkv")
+            o = torch.softmax(q @ k.t() / 16**0.5, -1) @ v
+            ref[b, :, t] = F.linear(o, a64["to_out.0.weight"], a64["to_out.0.bias"]).t().reshape(16, 6, 5) + f
+    for budget in (10**9, 2 * 4 * 30 * 7, 1):  # one block, 7-row query chunks, one query at a time
         assert rel(attn(x, budget), ref) <= 1e-6
 
 
