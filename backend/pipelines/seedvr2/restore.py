@@ -31,10 +31,20 @@ def batch_generator(seed: int, batch: int) -> torch.Generator:
     return torch.Generator().manual_seed((int(seed) + batch * 0x9E3779B97F4A7C15) % 2**64)
 
 
-def sample_condition(vae, video: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale."""
+def _given(noise: torch.Tensor, shape, what: str) -> torch.Tensor:
+    if tuple(noise.shape) != tuple(shape):
+        raise ValueError(f"given {what} noise has shape {tuple(noise.shape)}, expected {tuple(shape)}")
+    return noise.to(torch.float32)
+
+
+def sample_condition(vae, video: torch.Tensor, generator: torch.Generator,
+                     eps: torch.Tensor | None = None) -> torch.Tensor:
+    """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale.
+    `eps`: the posterior's standard normal draw [1, 16, T, h, w] to use instead of drawing it from `generator`."""
     mean, logvar = vae.encode(video[None])
-    eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32).to(mean.device)
+    if eps is None:
+        eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32)
+    eps = _given(eps, mean.shape, "posterior").to(mean.device)
     latent = (mean.float() + torch.exp(0.5 * logvar.float()) * eps) * LATENT_SCALE
     return latent[0].permute(1, 2, 3, 0).contiguous()
 
@@ -55,25 +65,31 @@ def _stage(timings: dict | None, name: str, device: torch.device):
 
 
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
-                  parallel, routing_for=None, attention=None, timings: dict | None = None) -> torch.Tensor | None:
+                  parallel, routing_for=None, attention=None, timings: dict | None = None,
+                  noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
     """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
     `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
-    runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it."""
+    runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
+    `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
+    (the same on every rank; the official-parity test injects the official code's draws)."""
     dev = c.device
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
         video = prepare_video(frames, geometry, dtype=c.vae_dtype, device=dev)  # [3, F', H', W'] in [-1, 1]
     t_lat = (video.shape[1] - 1) // 4 + 1
     h, w = geometry.model[0] // 8, geometry.model[1] // 8
+    eps, x_t = noise if noise is not None else (None, None)
     cond = torch.empty((t_lat, h, w, 16), dtype=torch.float32, device=dev)
     if parallel.is_driver:
         with _stage(timings, "encode_s", dev):
-            cond.copy_(sample_condition(c.vae, video, generator))
-    else:
+            cond.copy_(sample_condition(c.vae, video, generator, eps))
+    elif eps is None:
         torch.randn((1, 16, t_lat, h, w), generator=generator)  # keep every rank's generator in step with rank 0
     parallel.broadcast_from_driver(cond)
-    noise = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32).to(dev)
-    model_in = torch.cat([noise, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    if x_t is None:
+        x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
+    x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(dev)
+    model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
     del cond
     routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
     with _stage(timings, "dit_s", dev):
@@ -81,8 +97,8 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     del model_in
     if not parallel.is_driver:
         return None
-    x0 = (noise - velocity.float()).div_(LATENT_SCALE)
-    del velocity, noise
+    x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
+    del velocity, x_t
     with _stage(timings, "decode_s", dev):
         decoded = c.vae.decode(x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype))[0]  # [3, F', H', W']
     del x0
