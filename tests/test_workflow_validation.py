@@ -157,6 +157,9 @@ BAD_EDITS = [  # (workflow, --set items): each must be refused by ComfyUI and by
     ("h3_text_to_video", ["1.dtype=\"float8\""]),
     ("h3_text_to_video", ["2.seconds=99"]),
     ("h3_text_to_video", ["3.video=[\"2\", 7]"]),
+    ("h3_generate_then_upscale", ["4.batch_frames=6"]),  # SeedVR2 Upscale's own check: 0 or 4n+1
+    ("h3_generate_then_upscale", ["4.batch_frames=5000", "4.scale=99"]),
+    ("h3_generate_then_upscale", ["3.variant=\"9b\"", "4.target=\"double\""]),
 ]
 
 

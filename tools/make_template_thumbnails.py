@@ -33,6 +33,9 @@ CARDS = {
     "h3_inpainting": ("Inpainting", "Paint a region and fill it to fit the scene."),
     "h3_extension": ("Extension", "Continue a clip past 15 s, sound carried on."),
     "h3_generate_then_extend": ("Generate, then extend", "A new clip, continued from its latents."),
+    "seedvr2_upscale_video": ("Upscale a video", "SeedVR2 restores and upscales it, sound kept."),
+    "h3_generate_then_upscale": ("Generate, then upscale", "A new clip with its sound, upscaled by SeedVR2."),
+    "h3_extend_then_upscale": ("Extend, then upscale", "A clip continued, then upscaled by SeedVR2."),
 }
 
 
@@ -168,6 +171,18 @@ def picture(name: str, card: Image.Image) -> None:
     elif name == "h3_generate_then_extend":
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 70, hatch=2)
         ImageDraw.Draw(card).text((20 + 3 * 62, 150), "+ 10 s", font=font(16), fill=ACCENT)
+        waveform(card, 190)
+    elif name == "seedvr2_upscale_video":
+        frame = frames[middle]
+        from PIL import ImageFilter
+
+        soft = np.asarray(Image.fromarray(frame).filter(ImageFilter.GaussianBlur(3)))  # what a low-res source shows
+        before_after(card, soft, frame, ("source", "upscaled x2"))
+    elif name == "h3_generate_then_upscale":
+        before_after(card, scene(0.5)[::3, ::3], scene(0.5), ("generated", "upscaled x2"))
+    elif name == "h3_extend_then_upscale":
+        film_strip(card, [frames[k][::3, ::3] for k in (0, 64, 129)], 20, 310, 60, hatch=1)
+        ImageDraw.Draw(card).text((20 + 3 * 78, 140), "+ 5 s, x2", font=font(16), fill=ACCENT)
         waveform(card, 190)
     else:  # text to video
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
