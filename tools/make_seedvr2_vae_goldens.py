@@ -79,6 +79,7 @@ def main() -> None:
     sd = released.state_dict()
     keys = {k: list(v.shape) for k, v in sd.items()}
     keys_doc = dict(meta, params=sum(v.numel() for v in sd.values()), tensors=len(keys), keys=keys)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     keys_path = args.out.parent / "seedvr2_vae_keys.json"
     head = json.dumps({k: v for k, v in keys_doc.items() if k != "keys"}, indent=1)[:-2]
     rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in keys.items())
@@ -116,7 +117,6 @@ def main() -> None:
 
     meta.update(tiny=json.dumps(TINY), encode=json.dumps(ENCODE), decode=json.dumps(DECODE),
                 torch=torch.__version__)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     save_file(tensors, str(tmp), metadata=meta)
     tmp.replace(args.out)
