@@ -2,14 +2,18 @@
 a scale or batch too large for the GPU is a clear request error naming what fits instead of an out-of-memory crash
 half-way through a long video.
 
-The model is per stage, in bytes, and deliberately conservative:
-- DiT: `tokens x DIT_TOKEN_WIDTHS x activation bytes`, where tokens = latent frames x (H/16) x (W/16) on this rank
-  (window SP divides them; LPT balance adds <= 10 %). The widths count what is alive at the peak of a block: the
-  residual stream and its normed copy (2 x dim), q, k, v and the attention output (4 x heads x head_dim, plus the
-  fp32 RoPE temporaries of q and k), the MLP hidden pair and their product (3 x hidden).
-- VAE decode: one temporal slice (the first latent frame, then one latent frame = 4 frames, plus the causal memory
-  of 2 frames) at the output size, at the widest full-resolution stage (256 channels), 4 such tensors alive.
-- VAE encode: the same at the input (processing) size with 1 + 4 frames per slice.
+The model is per stage, in bytes, calibrated on one H200 (bench/seedvr2.py pipeline, 3B, bf16, 241 frames of
+1344x768 at x2 = 983,808 tokens: DiT 61.0 GiB peak with 6.6 GiB of weights, VAE encode 45.8 GiB, decode 79.0 GiB
+peak, docs/BENCHMARKS.md) with ~15 % margin:
+- DiT: tokens on this rank (window SP divides them; LPT balance adds <= 10 %) x per-token bytes: the residual rows
+  (dim), q, k, v and the attention output (4 x heads x head_dim), the shape group's gathered q/k/v/out copies (4 x
+  heads x head_dim) and the group's fp32 RoPE temporaries of q and k; the per-token MLP work is row-chunked
+  (`chunk_rows`), so its hidden pair is a constant, not per token. Measured 58 KB/token, modelled 66.5 KB.
+- VAE encode / decode: per output pixel of one temporal slice (encode: 1 + 4 frames, decode: 1 latent frame = 4
+  frames, the causal conv memory included); measured ~7.9 / ~15.6 KB per pixel in bf16 besides the video tensors
+  below, modelled 10 / 17 KB.
+- The batch's whole video tensors that stay alive across the stages: the model-size input ([3, F', H, W] in the VAE
+  dtype, held until the colour fix), the decoded output (same) and the uint8 result ([F, H, W, 3]).
 Weights are counted by the caller (what the engine already holds).
 """
 
@@ -21,8 +25,8 @@ from ...errors import RequestError
 
 GIB = 1024**3
 HEADROOM = 0.90  # of the free memory: the allocator's fragmentation and the kernels' workspaces
-VAE_FULL_RES_CHANNELS = 256
-VAE_LIVE_TENSORS = 4
+ENCODE_BYTES_PER_PIXEL = 10_000  # bf16; scaled by the VAE dtype's width
+DECODE_BYTES_PER_PIXEL = 17_000
 
 
 def latent_frames(frames: int) -> int:
@@ -33,12 +37,12 @@ def latent_frames(frames: int) -> int:
 def dit_token_bytes(config, act_bytes: int) -> int:
     """Peak bytes one video token costs inside a DiT block (see the module docstring)."""
     inner = config.heads * config.head_dim
-    widths = 2 * config.dim + 4 * inner + 3 * config.mlp_hidden
-    return act_bytes * widths + 4 * 2 * inner  # + fp32 RoPE copies of q and k
+    return act_bytes * (config.dim + 8 * inner) + 4 * 2 * inner
 
 
-def vae_slice_bytes(height: int, width: int, frames: int, act_bytes: int) -> int:
-    return act_bytes * VAE_FULL_RES_CHANNELS * VAE_LIVE_TENSORS * (frames + 2) * height * width
+def dit_chunk_bytes(config, act_bytes: int, chunk_rows: int = 16384) -> int:
+    """The row-chunked per-token work's temporaries (MLP hidden pair and its input), independent of the length."""
+    return act_bytes * chunk_rows * (3 * config.mlp_hidden + 2 * config.dim)
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,15 @@ def batch_memory(config, frames: int, height: int, width: int, in_height: int, i
                  vae_act_bytes: int, world: int = 1) -> BatchMemory:
     tokens = latent_frames(frames) * (height // 16) * (width // 16)
     per_rank = -(-tokens // world) * (11 if world > 1 else 10) // 10
+    padded = ((frames - 1 + 3) // 4) * 4 + 1
+    video = 3 * padded * height * width * vae_act_bytes  # the model-size input, alive until the colour fix
+    pixels = height * width
+    vae_scale = vae_act_bytes / 2
     return BatchMemory(
         frames=frames,
-        dit=per_rank * dit_token_bytes(config, act_bytes),
-        encode=vae_slice_bytes(height, width, 5, vae_act_bytes),  # encode runs at the output size (resized first)
-        decode=vae_slice_bytes(height, width, 4, vae_act_bytes),
+        dit=per_rank * dit_token_bytes(config, act_bytes) + dit_chunk_bytes(config, act_bytes) + video,
+        encode=int(ENCODE_BYTES_PER_PIXEL * vae_scale * pixels) + video,
+        decode=int(DECODE_BYTES_PER_PIXEL * vae_scale * pixels) + 2 * video + frames * pixels * 3,
     )
 
 

@@ -1,0 +1,297 @@
+"""SeedVR2 on the H200: random full-size weights, bf16. Default shape: a 10-s 1344x768 H3 clip (241 frames) upscaled
+x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 = 983,808 DiT tokens.
+
+    python bench/seedvr2.py attention [--variant 3b] [--frames 241] [--json OUT]
+    python bench/seedvr2.py dit [--naive]          # our DiT step vs a straightforward port of the official forward
+    python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
+    python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
+
+Stages print one JSON line each (also appended to --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cuda_timing import timed  # noqa: E402
+
+from comfyui_h3.backend.models.seedvr2.dit import SeedVR2DiT  # noqa: E402
+from comfyui_h3.backend.models.seedvr2.dit_config import DiTConfig  # noqa: E402
+from comfyui_h3.backend.models.seedvr2.windows import layer_window_methods, window_layout  # noqa: E402
+
+TXT_LEN = 58
+
+
+def grid_for(frames: int, height: int, width: int, scale: float) -> tuple[int, int, int]:
+    """DiT token grid (t, h, w) of an upscale: latent frames, output pixels / 16."""
+    oh, ow = round(height * scale), round(width * scale)
+    return (frames - 1) // 4 + 1, -(-oh // 16), -(-ow // 16)
+
+
+def emit(args, record: dict) -> None:
+    record.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    line = json.dumps(record)
+    print(line, flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(line + "\n")
+
+
+def random_dit(variant: str, device, dtype, seed: int = 0) -> SeedVR2DiT:
+    torch.manual_seed(seed)
+    with torch.device(device):
+        dit = SeedVR2DiT(DiTConfig.released(variant))
+    return dit.to(dtype).eval().requires_grad_(False)
+
+
+def dit_inputs(grid, config, device, dtype, seed: int = 1):
+    g = torch.Generator(device=device).manual_seed(seed)
+    t, h, w = grid
+    vid = torch.randn((t, 2 * h, 2 * w, config.vid_in_channels), generator=g, device=device, dtype=dtype)
+    txt = torch.randn((TXT_LEN, config.txt_dim), generator=g, device=device, dtype=dtype)
+    return vid, txt
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# ---- attention: grouped windows vs one call per window -------------------------------------------------------------
+
+def stage_attention(args) -> None:
+    from comfyui_h3.backend.models.seedvr2.window_attention import window_attention
+
+    cfg = DiTConfig.released(args.variant)
+    grid = grid_for(args.frames, args.height, args.width, args.scale)
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    n = grid[0] * grid[1] * grid[2]
+    g = torch.Generator(device=dev).manual_seed(0)
+    q, k, v = (torch.randn((n, cfg.heads, cfg.head_dim), generator=g, device=dev, dtype=dtype) for _ in range(3))
+    tq, tk, tv = (torch.randn((TXT_LEN, cfg.heads, cfg.head_dim), generator=g, device=dev, dtype=dtype)
+                  for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for method in layer_window_methods(2):
+        layout = window_layout(method, grid, cfg.window_counts)
+        ids = [layout.perm[a:b].to(dev) for a, b in _spans(layout.lengths)]
+
+        def grouped():
+            return window_attention(q, k, v, tq, tk, tv, layout)
+
+        def per_window():  # the official loop's shape: every window its own [1, n + L, heads, d] call
+            out = torch.empty_like(q)
+            txt = torch.zeros_like(tq, dtype=torch.float32)
+            for i in ids:
+                o = sdpa(torch.cat([q[i], tq]).transpose(0, 1)[None], torch.cat([k[i], tk]).transpose(0, 1)[None],
+                         torch.cat([v[i], tv]).transpose(0, 1)[None])[0].transpose(0, 1)
+                out[i] = o[:i.numel()]
+                txt += o[i.numel():].float()
+            return out, (txt / len(ids)).to(tq.dtype)
+
+        ms_g, mem_g = timed(grouped, args.iters)
+        ms_w, mem_w = timed(per_window, args.iters)
+        a, b = grouped(), per_window()
+        emit(args, {"stage": "attention", "variant": args.variant, "method": method, "grid": grid, "tokens": n,
+                    "windows": len(layout.windows), "shape_groups": len(layout.groups),
+                    "grouped_ms": round(ms_g, 2), "per_window_ms": round(ms_w, 2),
+                    "speedup": round(ms_w / ms_g, 3), "grouped_peak_gib": round(mem_g, 2),
+                    "per_window_peak_gib": round(mem_w, 2), "video_rel_err": rel_err(a[0], b[0]),
+                    "text_rel_err": rel_err(a[1], b[1])})
+
+
+def _spans(lengths):
+    at = 0
+    for n in lengths:
+        yield at, at + n
+        at += n
+
+
+# ---- DiT step: ours vs a straightforward port of the official forward ---------------------------------------------
+
+def stage_dit(args) -> None:
+    from seedvr2_naive import naive_forward
+
+    dev, dtype = torch.device("cuda"), torch.bfloat16
+    grid = grid_for(args.frames, args.height, args.width, args.scale)
+    dit = random_dit(args.variant, dev, dtype)
+    vid, txt = dit_inputs(grid, dit.config, dev, dtype)
+    weights_gib = torch.cuda.memory_allocated() / 2**30
+    ms, peak = timed(lambda: dit(vid, txt, 1000.0), args.iters, warmup=1)
+    ours = dit(vid, txt, 1000.0)
+    record = {"stage": "dit", "variant": args.variant, "grid": grid, "tokens": grid[0] * grid[1] * grid[2],
+              "ours_s": round(ms / 1000, 3), "ours_peak_gib": round(peak, 2), "weights_gib": round(weights_gib, 2)}
+    if args.naive:
+        try:
+            ms_n, peak_n = timed(lambda: naive_forward(dit, vid, txt), args.iters, warmup=1)
+            ref = naive_forward(dit, vid, txt)
+            record.update(naive_s=round(ms_n / 1000, 3), naive_peak_gib=round(peak_n, 2),
+                          speedup=round(ms_n / ms, 3), rel_err_vs_naive=rel_err(ours, ref))
+        except torch.cuda.OutOfMemoryError as exc:
+            record.update(naive="out of memory: " + str(exc).splitlines()[0][:120])
+    emit(args, record)
+
+
+# ---- whole upscale -------------------------------------------------------------------------------------------------
+
+class _Components:
+    """What SeedVR2Pipeline reads of its components, built from random full-size modules (no files)."""
+
+    def __init__(self, variant, dev, dtype, vae_dtype):
+        from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
+
+        self.device, self.dtype, self.vae_dtype = dev, dtype, vae_dtype
+        self.dit = random_dit(variant, dev, dtype)
+        torch.manual_seed(2)
+        with torch.device(dev):
+            self.vae = SeedVR2VAE(VAEConfig.released())
+        self.vae = self.vae.to(vae_dtype).eval().requires_grad_(False)
+        self.text = torch.randn((TXT_LEN, self.dit.config.txt_dim), device=dev, dtype=dtype)
+        self.compile_blocks = False
+        self.config = self.dit.config
+
+
+def smooth_video(frames: int, height: int, width: int) -> torch.Tensor:
+    """uint8 [F, H, W, 3]: moving colour gradients (what a decoded H3 clip looks like to the VAE, more or less)."""
+    t = torch.arange(frames, dtype=torch.float32)[:, None, None]
+    y = torch.linspace(0, 1, height)[None, :, None]
+    x = torch.linspace(0, 1, width)[None, None, :]
+    chans = [0.5 + 0.5 * torch.sin(6.28 * (x * (1 + c) + y * (2 - c) + t * 0.01 * (c + 1))) for c in range(3)]
+    return (torch.stack(chans, -1) * 255).round().to(torch.uint8)
+
+
+def _announce(owner, name: str) -> None:
+    inner = getattr(owner, name)
+
+    def timed_call(*a, **k):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = inner(*a, **k)
+        torch.cuda.synchronize()
+        print(f"  {name}: {time.perf_counter() - t0:.2f} s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
+              flush=True)
+        return out
+
+    setattr(owner, name, timed_call)
+
+
+def stage_pipeline(args) -> None:
+    from comfyui_h3.backend.attention.registry import get_backend
+    from comfyui_h3.backend.parallel.context import SINGLE
+    from comfyui_h3.backend.pipelines.seedvr2.pipeline import SeedVR2Pipeline
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+
+    dev = torch.device("cuda")
+    comps = _Components(args.variant, dev, torch.bfloat16, torch.bfloat16)
+
+    class Runtime:
+        parallel = SINGLE
+        attention = get_backend("sdpa")
+
+    pipe = SeedVR2Pipeline(comps, Runtime())
+    for owner, name in ((comps.vae, "encode"), (comps.vae, "decode"), (comps, "dit")):
+        _announce(owner, name)  # a line per stage as it ends: a run cut short still says where the time went
+    video = smooth_video(args.frames, args.height, args.width)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True)
+    geometry, plan = pipe.plan(req)
+    res = pipe.run(req)
+    wall = time.perf_counter() - t0
+    emit(args, {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
+                "output": list(res.frames.shape), "batches": res.batches, "batch_frames": plan.batch,
+                "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
+                                            for k, v in res.timings.items()},
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
+
+
+# ---- window SP over several GPUs -----------------------------------------------------------------------------------
+
+def _sp_rank(rank: int, world: int, args, port: int) -> None:
+    import torch.distributed as dist
+
+    from comfyui_h3.backend.parallel.context import ParallelContext
+    from comfyui_h3.backend.parallel.window_shard import ShardedWindowRouting, plan_report
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    dev = torch.device("cuda", rank)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    dtype = torch.bfloat16
+    grid = grid_for(args.frames, args.height, args.width, args.scale)
+    dit = random_dit(args.variant, dev, dtype)
+    for p in dit.parameters():  # identical weights on every rank whatever each GPU's RNG does
+        dist.broadcast(p.data, src=0)
+    vid, txt = dit_inputs(grid, dit.config, dev, dtype)
+    dist.broadcast(vid, src=0)
+    dist.broadcast(txt, src=0)
+    ref = None
+    if rank == 0 and not args.skip_single:
+        torch.cuda.reset_peak_memory_stats(dev)
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        ref = dit(vid, txt, 1000.0).cpu()
+        torch.cuda.synchronize(dev)
+        single = (time.perf_counter() - t0, torch.cuda.max_memory_allocated(dev) / 2**30)
+        torch.cuda.empty_cache()
+    dist.barrier()
+    ctx = ParallelContext(rank, world)
+    times = []
+    for _ in range(args.iters + 1):
+        routing = ShardedWindowRouting(ctx, grid, dit.config.layers, dit.config.window_counts)
+        torch.cuda.reset_peak_memory_stats(dev)
+        dist.barrier()
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        out = dit(vid, txt, 1000.0, routing=routing)
+        torch.cuda.synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    peak = torch.tensor([torch.cuda.max_memory_allocated(dev) / 2**30], device=dev)
+    peaks = [torch.zeros_like(peak) for _ in range(world)]
+    dist.all_gather(peaks, peak)
+    if rank == 0:
+        record = {"stage": "sp", "variant": args.variant, "world": world, "grid": grid,
+                  "tokens": grid[0] * grid[1] * grid[2], "sp_s": round(sorted(times[1:])[len(times[1:]) // 2], 3),
+                  "peak_gib_per_rank": [round(float(p), 2) for p in peaks],
+                  "plan": plan_report(grid, world, dit.config.layers, dit.config.window_counts)}
+        if ref is not None:
+            record.update(single_s=round(single[0], 3), single_peak_gib=round(single[1], 2),
+                          speedup=round(single[0] / record["sp_s"], 3), rel_err_vs_single=rel_err(out.cpu(), ref))
+        emit(args, record)
+    dist.destroy_process_group()
+
+
+def stage_sp(args) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_sp_rank, args=(args.world, args, 29641), nprocs=args.world, join=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stage", choices=["attention", "dit", "pipeline", "sp"])
+    ap.add_argument("--variant", default="3b", choices=["3b", "7b"])
+    ap.add_argument("--frames", type=int, default=241)
+    ap.add_argument("--height", type=int, default=768)
+    ap.add_argument("--width", type=int, default=1344)
+    ap.add_argument("--scale", type=float, default=2.0)
+    ap.add_argument("--batch-frames", type=int, default=0)
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--naive", action="store_true")
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--skip-single", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp}[args.stage](args)
+
+
+if __name__ == "__main__":
+    main()
