@@ -154,7 +154,6 @@ class _Components:
             self.vae = SeedVR2VAE(VAEConfig.released())
         self.vae = self.vae.to(vae_dtype).eval().requires_grad_(False)
         self.text = torch.randn((TXT_LEN, self.dit.config.txt_dim), device=dev, dtype=dtype)
-        self.compile_blocks = False
         self.config = self.dit.config
 
 

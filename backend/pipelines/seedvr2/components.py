@@ -17,7 +17,6 @@ class SeedVR2Components:
         self.vae = load_vae(options.vae_path, self.device, self.vae_dtype)
         # [L, 5120] -> the DiT's compute dtype once; every batch reuses it.
         self.text = load_text_embedding(options.text_path).to(self.device, self.dtype)
-        self.compile_blocks = options.compile == "on" or (options.compile == "auto" and runtime.is_cuda)
 
     @property
     def config(self):

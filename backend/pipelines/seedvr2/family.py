@@ -18,14 +18,13 @@ class SeedVR2Options:
     text_path: str  # pos_emb.safetensors, or the release's pos_emb.pt (read as a plain tensor only)
     variant: str = "auto"  # "3b"/"7b": refuse a file of the other model; "auto": what the file holds
     vae_dtype: str = "bfloat16"
-    compile: str = "off"  # torch.compile the DiT blocks: "auto" (on CUDA), "on", "off"
 
 
 def seedvr2_config(dit_path: str, vae_path: str, text_path: str, *, variant: str = "auto", dtype: str = "bfloat16",
-                   vae_dtype: str = "bfloat16", compile: str = "off", **engine) -> EngineConfig:
+                   vae_dtype: str = "bfloat16", **engine) -> EngineConfig:
     """An engine config for SeedVR2 files. `dtype`: the DiT's compute dtype; `engine`: EngineConfig's own fields
     (device, world_size = window-SP degree, executor, attention, cpu_threads, ...)."""
-    options = SeedVR2Options(str(dit_path), str(vae_path), str(text_path), variant, vae_dtype, compile)
+    options = SeedVR2Options(str(dit_path), str(vae_path), str(text_path), variant, vae_dtype)
     return EngineConfig("seedvr2", options, compute_dtype=dtype, **engine)
 
 
@@ -43,8 +42,6 @@ class SeedVR2Family:
             raise ValueError(f"SeedVR2 model must be one of {DIT_VARIANTS}, got {o.variant!r}.")
         if o.vae_dtype not in DTYPES:
             raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
-        if o.compile not in ("auto", "on", "off"):
-            raise ValueError(f"compile must be 'auto', 'on' or 'off', got {o.compile!r}.")
         for what, path in (("DiT", o.dit_path), ("VAE", o.vae_path), ("text embedding", o.text_path)):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"SeedVR2 {what} file not found: {path}")
