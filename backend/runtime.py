@@ -19,18 +19,24 @@ from .parallel.context import ParallelContext
 
 STORAGES = ("compute",)  # weights held in the compute dtype
 PLACEMENTS = ("resident",)  # every weight on the rank's device for the engine's life
+# AdaLN modulation: "direct" projects every step from resident weights; "cache": per-step modulation tables built
+# ahead on the device, the projection weights in (pinned) host memory (families that have no AdaLN ignore it).
+ADALN_MODES = ("direct", "cache")
 
 
 @dataclass(frozen=True)
 class WeightPolicy:
     storage: str = "compute"
     placement: str = "resident"
+    adaln: str = "direct"
 
     def validate(self) -> None:
         if self.storage not in STORAGES:
             raise ValueError(f"weight storage must be one of {STORAGES}, got {self.storage!r}.")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"weight placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+        if self.adaln not in ADALN_MODES:
+            raise ValueError(f"AdaLN mode must be one of {ADALN_MODES}, got {self.adaln!r}.")
 
 
 @dataclass
