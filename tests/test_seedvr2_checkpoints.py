@@ -108,6 +108,18 @@ def test_vae_loads_strictly_and_mismatch_is_named(tiny, tmp_path):
         ck.load_vae(path, "cpu", torch.float32)
 
 
+def test_vae_with_older_attention_names_loads(tiny, tmp_path):
+    state = load_file(str(tiny / "a" / VAE_FILE))
+    old = {k.replace(".to_q.", ".query.").replace(".to_k.", ".key.").replace(".to_v.", ".value.")
+           .replace(".to_out.0.", ".proj_attn."): v for k, v in state.items()}
+    assert old.keys() != state.keys()
+    path = tmp_path / "ema_vae_legacy.safetensors"
+    save_file(old, str(path))
+    loaded = ck.load_vae(path, "cpu", torch.float32).state_dict()
+    assert loaded.keys() == state.keys()
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+
 def test_text_embedding_from_pickle_is_read_as_a_tensor_and_copied_once(tmp_path):
     emb = torch.randn(58, 5120).to(torch.bfloat16)
     torch.save(emb, tmp_path / "pos_emb.pt")

@@ -107,14 +107,32 @@ def load_vae(path: str | os.PathLike, device: torch.device | str, dtype: torch.d
     """The video VAE of a release file, strictly, on `device` in `dtype`."""
     from .vae import SeedVR2VAE
 
-    shapes = header_shapes(path)
-    if not any(k.startswith("encoder.") for k in shapes) or not any(k.startswith("decoder.") for k in shapes):
+    stored = header_shapes(path)
+    if not any(k.startswith("encoder.") for k in stored) or not any(k.startswith("decoder.") for k in stored):
         raise CheckpointError(f"{path} is not a SeedVR2 VAE checkpoint (no encoder./decoder. tensors).")
-    config = vae_config_from_header(shapes, path)
+    renamed = _vae_names(stored)
+    config = vae_config_from_header({renamed[k]: v for k, v in stored.items()}, path)
     with torch.device("meta"):
         model = SeedVR2VAE(config)
-    load_into(model, path, device="cpu", dtype_for=lambda k, d: _floating(k, d, dtype))
+    if all(renamed[k] == k for k in stored):
+        load_into(model, path, device="cpu", dtype_for=lambda k, d: _floating(k, d, dtype))
+    else:  # a conversion with diffusers' older attention names: same tensors, renamed (shapes checked above)
+        with reading(path), safe_open(str(path), framework="pt", device="cpu") as handle:
+            state = {}
+            for key in handle.keys():
+                tensor = handle.get_tensor(key)
+                state[renamed[key]] = tensor.to(_floating(key, tensor.dtype, dtype))
+        model.load_state_dict(state, strict=True, assign=True)
     return _materialised(model, path).to(device=device).eval().requires_grad_(False)
+
+
+def _vae_names(shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """stored key -> our key: the mid-block attention's older diffusers names (query/key/value/proj_attn) map to
+    to_q/to_k/to_v/to_out.0; everything else is unchanged."""
+    from .vae import rename_legacy_keys
+
+    keys = list(shapes)
+    return dict(zip(keys, rename_legacy_keys(dict.fromkeys(keys, None)).keys()))
 
 
 def vae_config_from_header(shapes: dict[str, tuple[int, ...]], path: str | os.PathLike):
