@@ -168,6 +168,30 @@ class H3TokenRefiner(nn.Module):
         return rms_norm(x, self.final_norm.weight, self.final_norm.eps)
 
 
+def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A block's AdaLN projection: temb [K, time_embed_dim] -> table [K * 3, 6 * hidden] (row = timestep_index * 3 +
+    tag; columns: shift/scale/gate msa, shift/scale/gate mlp). silu at temb's precision (fp32), cast to the
+    projection's dtype afterwards, as the released model does. The one home of this arithmetic: the direct path and
+    the AdaLN table cache (pipelines/h3/adaln_cache.py) both call it, so their tables are equal bit for bit."""
+    out = torch.nn.functional.linear(torch.nn.functional.silu(temb).to(weight.dtype), weight, bias)
+    return out.view(-1, weight.shape[0] // MODALITY_COUNT)
+
+
+def norm_out_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The output norm's modulation: temb [K, time_embed_dim] -> [K, 2 * hidden] (shift | scale), row = timestep."""
+    return torch.nn.functional.linear(torch.nn.functional.silu(temb).to(weight.dtype), weight, bias)
+
+
+@dataclass(frozen=True)
+class ModulationTables:
+    """One step's AdaLN modulation, computed ahead (the table cache): `blocks[i]` [R, 6 * hidden] for block i, its
+    rows the ones the step's AdaLN segments index (the cache keeps only the (timestep, tag) rows the step uses and
+    numbers the segments' rows to match); `out` [K, 2 * hidden], the output norm's (row = timestep index)."""
+
+    blocks: tuple[torch.Tensor, ...]
+    out: torch.Tensor
+
+
 class H3AdaLNProjection(nn.Module):
     """temb [K, time_embed_dim] -> six tables [K * 3, hidden] (shift/scale/gate msa, shift/scale/gate mlp)."""
 
@@ -177,9 +201,10 @@ class H3AdaLNProjection(nn.Module):
         self.linear = nn.Linear(time_embed_dim, 6 * hidden * MODALITY_COUNT, bias=True)
 
     def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # silu at temb's precision (fp32), cast to the projection's dtype afterwards, as the released model does.
-        table = self.linear(torch.nn.functional.silu(temb).to(self.linear.weight.dtype))
-        return table.view(-1, 6 * self.hidden).chunk(6, dim=-1)
+        if self.linear.weight.numel() == 0:
+            raise RuntimeError("This DiT's AdaLN projection weights are offloaded (weight policy adaln='cache'): "
+                               "pass the step's ModulationTables to the forward (modulation=).")
+        return adaln_table(temb, self.linear.weight, self.linear.bias).chunk(6, dim=-1)
 
 
 class H3Block(H3RefinerBlock):
@@ -264,13 +289,18 @@ class H3Transformer(nn.Module):
         segments: tuple[RowSegments, RowSegments] | None = None,
         shard=None,
         attention_plan=None,
+        modulation: ModulationTables | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed for the rows this
         call owns (all rows, or the shard's when sequence-parallel): they depend only on the layout and the step's
         timestep plan, not on the activations. `shard` (parallel.ulysses.SequenceShard): this rank embeds and runs
         only its rows, attention goes through Ulysses all-to-all, and the 128-wide head outputs are gathered.
         `attention_plan`: the attention backend's per-request plan (attention/registry.py), given to every block's
-        attention over the packed sequence; None for dense backends."""
+        attention over the packed sequence; None for dense backends. `modulation`: the step's AdaLN tables computed
+        ahead (ModulationTables); then `segments` must be the ones numbered for them, and the projection weights are
+        not read (they may be offloaded)."""
+        if modulation is not None and segments is None:
+            raise ValueError("modulation tables need the segments numbered for them (pipelines/h3/adaln_cache.py).")
         seq = position_ids.shape[0]
         start, stop, local = (0, seq, seq) if shard is None else (shard.start, shard.valid_stop, shard.local_len)
         adaln_rows = row_timestep_index.to(torch.long) * MODALITY_COUNT + token_tags.to(torch.long)
@@ -300,12 +330,16 @@ class H3Transformer(nn.Module):
             values = text if rows is None else embed(rows.to(embed.weight.dtype))
             x[:, where] = (values if mine is None else values[:, mine]).to(x.dtype)
 
-        temb = self.time_embedding(timesteps)
-        for block in self.transformer_blocks:
-            x = block(x, block.adaln_proj(temb), adaln_segments, rope, attention)
+        temb = self.time_embedding(timesteps) if modulation is None else None
+        for i, block in enumerate(self.transformer_blocks):
+            mod = block.adaln_proj(temb) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
+            x = block(x, mod, adaln_segments, rope, attention)
 
-        lin = self.norm_out.linear
-        shift, scale = lin(torch.nn.functional.silu(temb).to(lin.weight.dtype)).chunk(2, dim=-1)
+        if modulation is None:
+            lin = self.norm_out.linear
+            shift, scale = norm_out_table(temb, lin.weight, lin.bias).chunk(2, dim=-1)
+        else:
+            shift, scale = modulation.out.chunk(2, dim=-1)
         x = out_segments.modulate_(rms_norm(x, self.norm_out.norm.weight, self.norm_out.norm.eps), scale, shift)
         if shard is None:
             # Project only the rows each head returns: same per-row math as projecting all rows, far fewer FLOPs.

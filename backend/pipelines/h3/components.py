@@ -19,6 +19,7 @@ import torch
 
 from ...models.checkpoint import CheckpointError, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
+from .adaln_cache import AdaLNCache
 from .conditioning import ConditionEncoder
 from .schedule import RELEASE_AUDIO_SHIFT, RELEASE_VIDEO_SHIFT, SCHEDULER_DEFAULT_SHIFT
 from .text import TEXT_LAYER, TextEncoder
@@ -145,6 +146,7 @@ class EngineOptions:
     reference_image_short_edge: int = 2048
     canvas_short_edge: int = 768
     canvas_max_pixels: int = 768 * 1344
+    adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
 
 
 class H3Components:
@@ -178,6 +180,7 @@ class H3Components:
             self.text = TextEncoder(text_model, tokenizer, processor, self.device, options.dtype)
         self.cond = ConditionEncoder(self.vae, self.audio_vae, self.device)
         self._dits: dict[str, H3Transformer] = {}
+        self._adaln: dict[str, AdaLNCache] = {}  # partition -> its AdaLN table cache (adaln "cache")
 
     # geometry read from the VAEs, so a fine-tune with other factors needs no code change
     @property
@@ -222,12 +225,23 @@ class H3Components:
             # One 33B partition at a time on a GPU: drop the other before loading (62 GB each in bf16).
             if self.device.type == "cuda":
                 self._dits.clear()
+                self._adaln.clear()  # its tables and the pinned host copy of its projection weights
                 torch.cuda.empty_cache()
             dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention)
             if self.options.compile_blocks:
                 compile_blocks(dit)
+            if self.options.adaln == "cache":
+                self._adaln[name] = AdaLNCache(dit)  # moves the projection weights to host memory now
             self._dits[name] = dit
         return self._dits[name]
+
+    def adaln_cache(self, dit: H3Transformer) -> AdaLNCache | None:
+        """The AdaLN table cache of a loaded DiT (None: direct projection)."""
+        return next((cache for cache in self._adaln.values() if cache.dit is dit), None)
+
+    def adaln_report(self) -> dict:
+        """Per loaded partition, the AdaLN cache's bytes (tables vs projection weights) and counts; {} when direct."""
+        return {name: cache.report() for name, cache in self._adaln.items()}
 
     @property
     def patch_size(self) -> tuple[int, int, int]:

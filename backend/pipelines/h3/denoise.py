@@ -5,7 +5,8 @@ Once per plan: this rank's rows (`parallel.rows`: Ulysses' contiguous rows, None
 those rows, and the attention backend's per-request plan (`attention.plan_for(layout)`; None for dense backends),
 which every block receives. Per step i:
   1. Stop at the boundary: asked on any rank, every rank raises Cancelled here (before step i), or none does;
-  2. the plan's row timesteps -> distinct t values [K] and each row's index into them -> this rank's AdaLN segments;
+  2. the plan's row timesteps -> distinct t values [K] and each row's index into them -> this rank's AdaLN segments
+     (with the AdaLN table cache, adaln_cache.py: every step's tables built before step 1, handed to the forward);
   3. one DiT forward on what the model sees of the state (the state itself, or lerp(anchor, state, weight));
   4. every row past the frozen condition / guide rows takes flow_step with the timestep it was given:
      x0 = x_in + (1 - t_r) v,  state <- r * state + (1 - r) * x0,  r = sigma_{i+1} / sigma_i  (float32);
@@ -20,8 +21,9 @@ import torch
 
 from ...errors import Cancelled
 from ...parallel.context import SINGLE, ParallelContext
+from .adaln_cache import AdaLNCache, planned_steps
 from .schedule import flow_step
-from .step_plan import StepCallback, StepPlan, request_rope, step_segments
+from .step_plan import StepCallback, StepPlan, request_rope
 
 
 def stop_at_boundary(should_stop: Callable[[], bool] | None, parallel: ParallelContext, step: int,
@@ -34,9 +36,11 @@ def stop_at_boundary(should_stop: Callable[[], bool] | None, parallel: ParallelC
 @torch.no_grad()
 def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, parallel: ParallelContext = SINGLE,
             attention=None, on_step: StepCallback | None = None,
-            should_stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            should_stop: Callable[[], bool] | None = None,
+            adaln: AdaLNCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """video rows [Nv, 96] / audio rows [Na, 32] float32 on the DiT's device, in the layout's row order (condition
-    rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan)."""
+    rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan).
+    `adaln`: the DiT's AdaLN table cache (None: direct projection)."""
     layout = plan.layout
     if video.shape[0] != layout.video_indices.numel() or audio.shape[0] != layout.audio_indices.numel():
         raise RuntimeError(f"Rows do not match the layout: video {video.shape[0]} vs {layout.video_indices.numel()}, "
@@ -49,20 +53,20 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
     ncv, nca = layout.num_condition_video_rows, layout.num_condition_audio_rows
     vi, ai = dl.video_indices[ncv:], dl.audio_indices[nca:]
     sched, n = plan.schedule, plan.steps
-    for i in range(n):
-        stop_at_boundary(should_stop, parallel, i, n)
-        ts, row_index = torch.unique(plan.row_timesteps(i), sorted=True, return_inverse=True)
-        segments = step_segments(layout.token_tags, row_index, shard)
-        ts, row_index = ts.to(dev), row_index.to(dev)
-        x_v, x_a = (video, audio) if plan.anchors is None else plan.anchors.model_input(video, audio)
-        v_pred, a_pred = dit(x_v[None], x_a[None], plan.text, ts, row_index, dl.token_tags, dl.position_ids,
-                             dl.video_indices, dl.audio_indices, dl.text_indices, rope=rope, segments=segments,
-                             shard=shard, attention_plan=attention_plan)
-        t = ts[row_index]  # each row's timestep, as the model saw it
-        video[ncv:] = flow_step(video[ncv:], x_v[ncv:], v_pred[0, ncv:], t[vi], sched.video_sigmas[i],
-                                sched.video_sigmas[i + 1])
-        audio[nca:] = flow_step(audio[nca:], x_a[nca:], a_pred[0, nca:], t[ai], sched.audio_sigmas[i],
-                                sched.audio_sigmas[i + 1])
-        if on_step is not None:
-            on_step(i + 1, n)
+    with planned_steps(plan, adaln, parallel, should_stop) as steps:
+        for i in range(n):
+            stop_at_boundary(should_stop, parallel, i, n)
+            ts, row_index, segments, modulation = steps.step(i, shard)
+            ts, row_index = ts.to(dev), row_index.to(dev)
+            x_v, x_a = (video, audio) if plan.anchors is None else plan.anchors.model_input(video, audio)
+            v_pred, a_pred = dit(x_v[None], x_a[None], plan.text, ts, row_index, dl.token_tags, dl.position_ids,
+                                 dl.video_indices, dl.audio_indices, dl.text_indices, rope=rope, segments=segments,
+                                 shard=shard, attention_plan=attention_plan, modulation=modulation)
+            t = ts[row_index]  # each row's timestep, as the model saw it
+            video[ncv:] = flow_step(video[ncv:], x_v[ncv:], v_pred[0, ncv:], t[vi], sched.video_sigmas[i],
+                                    sched.video_sigmas[i + 1])
+            audio[nca:] = flow_step(audio[nca:], x_a[nca:], a_pred[0, nca:], t[ai], sched.audio_sigmas[i],
+                                    sched.audio_sigmas[i + 1])
+            if on_step is not None:
+                on_step(i + 1, n)
     return video, audio

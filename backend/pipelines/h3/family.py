@@ -87,6 +87,7 @@ class H3Family:
             or settings.get("reference_image_short_edge", 2048),
             canvas_short_edge=settings.get("canvas_short_edge", 768),
             canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
+            adaln=runtime.weights.adaln,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
 

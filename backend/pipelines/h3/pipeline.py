@@ -43,8 +43,10 @@ class H3Pipeline:
     def denoise(self, dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor,
                 on_step: StepCallback | None = None,
                 should_stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one denoise driver (denoise.py) on this rank's parallel context and attention backend."""
-        return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop)
+        """The one denoise driver (denoise.py) on this rank's parallel context and attention backend, with the DiT's
+        AdaLN table cache when the weight policy asks for one."""
+        return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
+                       adaln=self.c.adaln_cache(dit))
 
     def encode_text(self, encode: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank 0 runs `encode` (it alone holds the text encoder) and broadcasts the embeddings [1, Nt, D] and tags
