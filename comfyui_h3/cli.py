@@ -51,6 +51,9 @@ def resolve_device(name: str) -> str:
 
 def _model_option(p) -> None:
     p.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    p.add_argument("--adaln-cache", action="store_true",
+                   help="Hold each step's AdaLN modulation tables on the device and the AdaLN projection weights "
+                        "(~24 GB of the released model) in host memory; same output bit for bit.")
 
 
 def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:

@@ -96,9 +96,11 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     from . import comfy_services as services
     from .backend.engine import EngineCancelled, get_engine
     from .backend.pipelines.h3.family import h3_config
+    from .backend.runtime import WeightPolicy
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype))
+    weights = WeightPolicy(adaln="cache" if getattr(args, "adaln_cache", False) else "direct")
+    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}
 

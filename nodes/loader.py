@@ -7,6 +7,7 @@ from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
+from ..backend.runtime import WeightPolicy
 from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
 
@@ -64,7 +65,16 @@ class H3ModelLoader:
                     "default": "",
                     "tooltip": "With executor ray: the cluster address (e.g. ray://head:10001 or auto); empty "
                                "starts a local Ray. Ray places the GPUs, so 'gpus' is ignored."}),
-            }
+            },
+            # Optional and appended: saved workflows keep their widget order.
+            "optional": {
+                "adaln_cache": ("BOOLEAN", {
+                    "default": False,
+                    "tooltip": "Keep each step's AdaLN modulation tables on the GPU and the AdaLN projection weights "
+                               "(~24 GB of the released model) in host memory; tables are rebuilt only when a "
+                               "request brings new timesteps. Same output bit for bit. Falls back to the weights "
+                               "for a request whose tables would be larger than them."}),
+            },
         }
 
     @classmethod
@@ -77,7 +87,8 @@ class H3ModelLoader:
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
         return True
 
-    def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address=""):
+    def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
+             adaln_cache=False):
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
         else:
@@ -88,7 +99,8 @@ class H3ModelLoader:
             gpus = ""  # Ray assigns one GPU per actor
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
-                              executor=executor, ray_address=(ray_address or "").strip())
+                              executor=executor, ray_address=(ray_address or "").strip(),
+                              weights=WeightPolicy(adaln="cache" if adaln_cache else "direct"))
         config.validate()
         return (H3EngineHandle(config),)
 
