@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI
 from safetensors.torch import save_file
 
 from comfyui_h3 import comfy_services as services
@@ -30,7 +31,7 @@ def write(path, shapes):
 
 
 @pytest.fixture
-def comfy(monkeypatch, tmp_path):
+def fake_comfy(monkeypatch, tmp_path):
     """folder_paths as ComfyUI v0.8 has it (the surface discovery uses), under tmp_path/ComfyUI."""
     base = tmp_path / "ComfyUI"
     fp = types.ModuleType("folder_paths")
@@ -54,8 +55,8 @@ def comfy(monkeypatch, tmp_path):
     return fp, base
 
 
-def test_discovery_lists_seedvr2_files_by_their_headers(comfy, tmp_path, monkeypatch):
-    fp, base = comfy
+def test_discovery_lists_seedvr2_files_by_their_headers(fake_comfy, tmp_path, monkeypatch):
+    fp, base = fake_comfy
     models = base / "models"
     yaml_root = tmp_path / "yaml"  # extra_model_paths.yaml as the popular pack documents it (key `seedvr2`)
     fp.add_model_folder_path("seedvr2", str(yaml_root))
@@ -87,8 +88,8 @@ def test_discovery_lists_seedvr2_files_by_their_headers(comfy, tmp_path, monkeyp
         str(models / "diffusion_models" / "video" / "SEEDVR2" / "sharp.safetensors")
 
 
-def test_names_never_leave_the_model_folders(comfy, tmp_path):
-    fp, base = comfy
+def test_names_never_leave_the_model_folders(fake_comfy, tmp_path):
+    fp, base = fake_comfy
     models = base / "models"
     dit = write(models / "SEEDVR2" / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
     write(models / "SEEDVR2" / "ema_vae_fp16.safetensors", VAE)
@@ -105,8 +106,8 @@ def test_names_never_leave_the_model_folders(comfy, tmp_path):
         services.resolve_seedvr2_file("seedvr2_ema_7b_fp16.safetensors", "dit")
 
 
-def test_the_text_embedding_is_searched_beside_the_dit_then_seedvr2_then_the_popular_pack(comfy, tmp_path):
-    fp, base = comfy
+def test_the_text_embedding_is_searched_beside_the_dit_then_seedvr2_then_the_popular_pack(fake_comfy, tmp_path):
+    fp, base = fake_comfy
     models = base / "models"
     dit = write(models / "diffusion_models" / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
     with pytest.raises(SeedVR2FileNotFound, match=r"pos_emb\.pt was not found .*into ComfyUI/models/SEEDVR2/"):
@@ -124,8 +125,8 @@ def test_the_text_embedding_is_searched_beside_the_dit_then_seedvr2_then_the_pop
     assert services.find_seedvr2_text_embedding(dit) == str(models / "diffusion_models" / "pos_emb.safetensors")
 
 
-def test_the_automatic_vae_is_the_one_beside_the_dit(comfy):
-    fp, base = comfy
+def test_the_automatic_vae_is_the_one_beside_the_dit(fake_comfy):
+    fp, base = fake_comfy
     models = base / "models"
     dit = write(models / "diffusion_models" / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
     with pytest.raises(SeedVR2FileNotFound, match="download ema_vae_fp16.safetensors"):
@@ -139,12 +140,12 @@ def test_the_automatic_vae_is_the_one_beside_the_dit(comfy):
     assert services.find_seedvr2_vae(dit) == str(models / "diffusion_models" / "seedvr2_vae_fp16.safetensors")
 
 
-def test_loader_refuses_a_file_of_the_other_variant_before_anything_starts(comfy, monkeypatch):
+def test_loader_refuses_a_file_of_the_other_variant_before_anything_starts(fake_comfy, monkeypatch):
     from comfyui_h3.backend.engine import resident_engines
     from comfyui_h3.backend.models.checkpoint import CheckpointError
     from comfyui_h3.nodes.seedvr2_loader import H3SeedVR2Loader
 
-    fp, base = comfy
+    fp, base = fake_comfy
     folder = base / "models" / "SEEDVR2"
     write(folder / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
     write(folder / "ema_vae_fp16.safetensors", VAE)
@@ -337,3 +338,24 @@ def test_stop_between_batches_keeps_the_finished_frames(tiny_engine, tmp_path, m
     frames, size, rate, audio = _decoded(str(kept))
     assert 1 <= frames < 17 and size == (48, 32) and rate == 24.0 and audio == 1
     assert not any(files for _, _, files in os.walk(tmp_path / "temp"))
+
+
+# -- the real ComfyUI lane ------------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
+def test_the_shipped_upscale_workflow_runs_in_comfyui(comfy):
+    """ComfyUI lists both nodes (tooltips, the tiny model first) and runs the shipped Load Video -> SeedVR2 Upscale
+    -> Save Video workflow through /prompt: the saved MP4 has the input's frames, rate and sound at twice its size."""
+    from comfyui_lane import probe_mp4
+
+    status, info = comfy.request("/object_info")
+    assert status == 200 and {"H3_SeedVR2Loader", "H3_SeedVR2Upscale"} <= set(info), comfy.why("nodes missing")
+    from comfyui_h3.tiny_model import TINY_SEEDVR2_NAME
+
+    assert info["H3_SeedVR2Loader"]["input"]["required"]["model"][0][0] == TINY_SEEDVR2_NAME
+    assert info["H3_SeedVR2Upscale"]["output"] == ["VIDEO"]
+    result = comfy.run_cli("seedvr2_upscale_video.api.json", comfy.root / "downloads", "2.frame_load_cap=9",
+                           '1.device="cpu"', '1.dtype="float32"')
+    files = [line for line in result.stdout.splitlines() if line.endswith(".mp4")]
+    assert result.returncode == 0 and len(files) == 1, comfy.why(f"{result.stdout}\n{result.stderr}")
+    assert probe_mp4(files[0]) == {"frames": 9, "fps": 24.0, "audio": 1, "size": (384, 192)}

@@ -25,9 +25,9 @@ TEMPLATES = REPO / "example_workflows"
 GAP = 40  # px between two boxes (title bars included)
 TITLE = 30  # LiteGraph.NODE_TITLE_HEIGHT: the title bar sits above `pos`
 MIN_WIDTH = {"H3_MaskDraw": 440}  # room to draw (the editor's canvas takes the node's width)
-# Room for what a run adds inside the node: the summary text H3 Edit / H3 Extend show when done (~50 px). (Output
-# nodes' previews grow their node downwards: the design keeps nothing under them.)
-AFTER_RUN = {"H3_Edit": 70, "H3_Extend": 70}
+# Room for what a run adds inside the node: the summary text H3 Edit / H3 Extend / SeedVR2 Upscale show when done
+# (~50 px). (Output nodes' previews grow their node downwards: the design keeps nothing under them.)
+AFTER_RUN = {"H3_Edit": 70, "H3_Extend": 70, "H3_SeedVR2Upscale": 70}
 
 
 def measure(comfy, files: list[Path], vue_nodes: bool) -> dict[str, list[dict]]:

@@ -103,12 +103,24 @@ function graphView() {
 
 async function templates({ pack }) {
   await openPackTemplates(pack);
+  // The browser shows a card's thumbnail only while the card is in view (more cards than fit: scrolled): bring each
+  // into view in turn and note what it shows then.
+  const cardsInBrowser = page.locator("[data-testid^='template-workflow-']");
+  const shown = {};
+  for (let k = 0; k < (await cardsInBrowser.count()); k++) {
+    await cardsInBrowser.nth(k).scrollIntoViewIfNeeded();
+    await page.waitForFunction((i) => {
+      const img = document.querySelectorAll("[data-testid^='template-workflow-']")[i]?.querySelector("img");
+      return img && img.complete && img.naturalWidth > 0;
+    }, k, WAIT).catch(() => {});
+    for (const view of await page.evaluate(cardViews)) if (view.thumbnail || !shown[view.name]) shown[view.name] = view;
+  }
   // Thumbnails arrive as blobs after the cards: wait for each card's image (a timeout leaves it to the judge)
   await page.waitForFunction(() => [...document.querySelectorAll("[data-testid^='template-workflow-']")].every((card) => {
     const img = card.querySelector("img");
     return img && img.complete && img.naturalWidth > 0;
   }), null, WAIT).catch(() => {});
-  const cards = await page.evaluate(cardViews);
+  const cards = (await page.evaluate(cardViews)).map((view) => (view.thumbnail ? view : shown[view.name] ?? view));
   const opened = {};
   for (const { name } of cards) {
     if (!(await page.locator(`[data-testid="template-workflow-${name}"]`).isVisible())) await openPackTemplates(pack);
