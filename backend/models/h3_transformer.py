@@ -23,6 +23,7 @@ from torch import nn
 
 from ..attention.dispatch import AttentionFn, get_attention
 from ..parallel.ulysses import ulysses_attention
+from .fp8_linear import Fp8Linear, Fp8Rows, norm_modulate_rows, swiglu_rows
 from .h3_ops import RowSegments, apply_rope_, rms_norm, rope_inv_freq, rope_tables, timestep_sinusoid
 
 MODALITY_COUNT = 3  # AdaLN table row = timestep_index * 3 + tag (0 video, 1 text, 2 audio): a checkpoint contract.
@@ -93,22 +94,25 @@ class H3Attention(nn.Module):
         self.norm_k = nn.RMSNorm(head_dim, eps=qk_eps)
         self.to_out = nn.ModuleList([nn.Linear(inner, hidden, bias=False)])
         self.register_buffer("qkv_weight", None, persistent=False)  # set by fuse_qkv()
+        self.qkv_fp8: Fp8Linear | None = None  # replaces qkv_weight under FP8 storage (H3Block.use_fp8_gemms)
 
     def fuse_qkv(self) -> None:
         """One [3*inner, hidden] GEMM instead of three; the separate weights are dropped to keep memory flat."""
-        if self.qkv_weight is not None:
+        if self.qkv_weight is not None or self.qkv_fp8 is not None:
             return
         fused = torch.cat([self.to_q.weight.data, self.to_k.weight.data, self.to_v.weight.data], dim=0)
         self.qkv_weight = fused
         for lin in (self.to_q, self.to_k, self.to_v):
             lin.weight = nn.Parameter(fused.new_empty(0), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, attention: AttentionFn):
-        b, s, _ = x.shape
-        if self.qkv_weight is not None:
-            qkv = torch.nn.functional.linear(x, self.qkv_weight).view(b, s, 3, self.heads, self.head_dim)
-            q, k, v = qkv.unbind(2)
+    def forward(self, x: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                attention: AttentionFn):
+        if self.qkv_fp8 is not None or self.qkv_weight is not None:
+            qkv = self.qkv_fp8(x) if self.qkv_fp8 is not None else torch.nn.functional.linear(x, self.qkv_weight)
+            b, s = qkv.shape[:2]
+            q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).unbind(2)
         else:
+            b, s, _ = x.shape
             q = self.to_q(x).view(b, s, self.heads, self.head_dim)
             k = self.to_k(x).view(b, s, self.heads, self.head_dim)
             v = self.to_v(x).view(b, s, self.heads, self.head_dim)
@@ -128,8 +132,10 @@ class H3FeedForward(nn.Module):
         super().__init__()
         self.net = nn.ModuleList([_Proj(dim, inner * 2), nn.Identity(), nn.Linear(inner, dim, bias=False)])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         h = self.net[0].proj(x)
+        if isinstance(self.net[2], Fp8Linear):  # SwiGLU and its row quantisation in one pass
+            return self.net[2](swiglu_rows(h, kernels=not self.net[2].emulate))
         value, gate = h.chunk(2, dim=-1)
         return self.net[2](value * torch.nn.functional.silu(gate))
 
@@ -213,6 +219,7 @@ class H3Block(H3RefinerBlock):
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__(cfg)
         self.adaln_proj = H3AdaLNProjection(cfg.time_embed_dim, cfg.hidden_size)
+        self.fp8: str | None = None  # fp8_linear.MODES when use_fp8_gemms() made the GEMMs FP8
 
     def forward(  # noqa: D102 - different signature from the refiner's on purpose
         self,
@@ -223,10 +230,27 @@ class H3Block(H3RefinerBlock):
         attention: AttentionFn,
     ) -> torch.Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = modulation
-        h = segments.modulate_(rms_norm(x, self.norm1.weight, self.eps), scale1, shift1)
+        h = self._modulated(x, self.norm1.weight, segments, scale1, shift1)
         x = segments.gated_add_(x, self.attn(h, rope, attention), gate1)
-        h = segments.modulate_(rms_norm(x, self.norm2.weight, self.eps), scale2, shift2)
+        h = self._modulated(x, self.norm2.weight, segments, scale2, shift2)
         return segments.gated_add_(x, self.ff(h), gate2)
+
+    def _modulated(self, x, weight, segments: RowSegments, scale, shift) -> torch.Tensor | Fp8Rows:
+        if self.fp8 is not None:  # the next GEMM is FP8: norm, modulation and row quantisation in one pass
+            return norm_modulate_rows(x, weight, self.eps, segments.runs, scale, shift, self.fp8 == "scaled_mm")
+        return segments.modulate_(rms_norm(x, weight, self.eps), scale, shift)
+
+    def use_fp8_gemms(self, emulate: bool) -> None:
+        """Hold the four GEMM weights (fused QKV, attention out, SwiGLU in and out) in FP8 with per-channel scales
+        and feed them rows quantised where they are produced (fp8_linear.py). Norms and adaln_proj stay as stored."""
+        attn, ff = self.attn, self.ff
+        attn.fuse_qkv()
+        attn.qkv_fp8 = Fp8Linear.from_weight(attn.qkv_weight, emulate)
+        attn.qkv_weight = None
+        attn.to_out[0] = Fp8Linear.from_weight(attn.to_out[0].weight, emulate)
+        ff.net[0].proj = Fp8Linear.from_weight(ff.net[0].proj.weight, emulate)
+        ff.net[2] = Fp8Linear.from_weight(ff.net[2].weight, emulate)
+        self.fp8 = "emulated" if emulate else "scaled_mm"
 
 
 class H3TimeEmbedding(nn.Module):
@@ -359,12 +383,20 @@ def load_h3_transformer(
     dtype: torch.dtype | None = None,
     attention: str | AttentionFn = "sdpa",
     fuse: bool = True,
+    storage: str = "compute",
 ) -> H3Transformer:
     """Build on the meta device (no host copy of 33B params), then assign the checkpoint's tensors strictly.
 
-    dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it."""
+    dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it.
+    storage (runtime.WeightPolicy): "compute" as loaded; "fp8" / "fp8_emulated" the blocks' GEMM weights quantised
+    to FP8 after loading (H3Block.use_fp8_gemms; "fp8" checks the device can run them before anything loads)."""
     from .checkpoint import load_into, reading
+    from .fp8_linear import check_scaled_mm
 
+    if storage not in ("compute", "fp8", "fp8_emulated"):
+        raise ValueError(f"weight storage must be 'compute', 'fp8' or 'fp8_emulated', got {storage!r}.")
+    if storage == "fp8":
+        check_scaled_mm(device)
     folder = os.fspath(folder)
     config = os.path.join(folder, "config.json")
     cfg = H3TransformerConfig.from_json(config)
@@ -381,4 +413,7 @@ def load_h3_transformer(
     model.rope_inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     if fuse:
         model.fuse_projections()
+    if storage in ("fp8", "fp8_emulated"):
+        for block in model.transformer_blocks:
+            block.use_fp8_gemms(emulate=storage == "fp8_emulated")
     return model.eval().requires_grad_(False)
