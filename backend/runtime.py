@@ -17,7 +17,10 @@ import torch
 from .attention.registry import AttentionBackend, get_backend
 from .parallel.context import ParallelContext
 
-STORAGES = ("compute",)  # weights held in the compute dtype
+# "compute": weights held in the compute dtype. "fp8": the DiT blocks' GEMM weights in float8 e4m3 with per-channel
+# scales, run through torch._scaled_mm (CUDA, compute capability 8.9+; models/fp8_linear.py). "fp8_emulated": the
+# same quantisation with dequantised fp32 matmuls on any device, for tests and CI (not offered to users).
+STORAGES = ("compute", "fp8", "fp8_emulated")
 PLACEMENTS = ("resident",)  # every weight on the rank's device for the engine's life
 # AdaLN modulation: "direct" projects every step from resident weights; "cache": per-step modulation tables built
 # ahead on the device, the projection weights in (pinned) host memory (families that have no AdaLN ignore it).
