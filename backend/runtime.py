@@ -21,7 +21,10 @@ from .parallel.context import ParallelContext
 # scales, run through torch._scaled_mm (CUDA, compute capability 8.9+; models/fp8_linear.py). "fp8_emulated": the
 # same quantisation with dequantised fp32 matmuls on any device, for tests and CI (not offered to users).
 STORAGES = ("compute", "fp8", "fp8_emulated")
-PLACEMENTS = ("resident",)  # every weight on the rank's device for the engine's life
+# "resident": every weight on the rank's device for the engine's life; "offload": DiT blocks in pinned host memory,
+# `resident_blocks` of them kept on the device (None: as many as fit the request's shape), the rest streamed; the
+# other models visit the device for their stage (pipelines/h3/offload.py).
+PLACEMENTS = ("resident", "offload")
 # AdaLN modulation: "direct" projects every step from resident weights; "cache": per-step modulation tables built
 # ahead on the device, the projection weights in (pinned) host memory (families that have no AdaLN ignore it).
 ADALN_MODES = ("direct", "cache")
@@ -32,12 +35,18 @@ class WeightPolicy:
     storage: str = "compute"
     placement: str = "resident"
     adaln: str = "direct"
+    resident_blocks: int | None = None  # placement "offload": DiT blocks kept on the device; None = auto
 
     def validate(self) -> None:
         if self.storage not in STORAGES:
             raise ValueError(f"weight storage must be one of {STORAGES}, got {self.storage!r}.")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"weight placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+        if self.resident_blocks is not None and (self.placement != "offload" or isinstance(self.resident_blocks, bool)
+                                                 or not isinstance(self.resident_blocks, int)
+                                                 or self.resident_blocks < 0):
+            raise ValueError(f"resident_blocks is a number >= 0 with placement 'offload' (None: auto), got "
+                             f"{self.resident_blocks!r} with placement {self.placement!r}.")
         if self.adaln not in ADALN_MODES:
             raise ValueError(f"AdaLN mode must be one of {ADALN_MODES}, got {self.adaln!r}.")
 
