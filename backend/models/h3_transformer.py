@@ -23,6 +23,7 @@ from torch import nn
 
 from ..attention.dispatch import AttentionFn, get_attention
 from ..parallel.ulysses import ulysses_attention
+from .block_offload import stream_blocks
 from .fp8_linear import Fp8Linear, Fp8Rows, norm_modulate_rows, swiglu_rows
 from .h3_ops import RowSegments, apply_rope_, rms_norm, rope_inv_freq, rope_tables, timestep_sinusoid
 
@@ -286,6 +287,7 @@ class H3Transformer(nn.Module):
         self.norm_out = H3NormOut(hidden, cfg.time_embed_dim, cfg.final_norm_eps)
         self.proj_out = nn.Linear(hidden, cfg.video_patch_dim, bias=True)
         self.audio_proj_out = nn.Linear(hidden, cfg.audio_in_channels, bias=True)
+        self.block_offload = None  # a BlockStreamer under the offload placement (pipelines/h3/offload.py)
 
     def fuse_projections(self) -> None:
         for module in self.modules():
@@ -355,7 +357,7 @@ class H3Transformer(nn.Module):
             x[:, where] = (values if mine is None else values[:, mine]).to(x.dtype)
 
         temb = self.time_embedding(timesteps) if modulation is None else None
-        for i, block in enumerate(self.transformer_blocks):
+        for i, block in enumerate(stream_blocks(self.transformer_blocks, self.block_offload)):
             mod = block.adaln_proj(temb) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
             x = block(x, mod, adaln_segments, rope, attention)
 
