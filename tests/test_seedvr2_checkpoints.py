@@ -125,9 +125,11 @@ def test_text_embedding_from_pickle_is_read_as_a_tensor_and_copied_once(tmp_path
     torch.save(emb, tmp_path / "pos_emb.pt")
     found = ck.find_text_embedding([tmp_path / "nowhere", tmp_path])
     assert found == tmp_path / "pos_emb.pt"
-    out = ck.load_text_embedding(found)
+    out = ck.load_text_embedding(found)  # no copy asked: nothing written
     assert out.dtype == torch.float32 and torch.equal(out, emb.float())
     copy = tmp_path / "pos_emb.safetensors"
+    assert not copy.exists()
+    ck.load_text_embedding(found, copy_to=tmp_path)
     assert copy.is_file()
     assert ck.find_text_embedding([tmp_path]) == copy  # safetensors preferred from now on
     assert torch.equal(ck.load_text_embedding(copy), emb.float())

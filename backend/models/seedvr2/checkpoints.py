@@ -168,9 +168,10 @@ def find_text_embedding(folders: Iterable[str | os.PathLike]) -> Path | None:
     return None
 
 
-def load_text_embedding(path: str | os.PathLike) -> torch.Tensor:
+def load_text_embedding(path: str | os.PathLike, copy_to: str | os.PathLike | None = None) -> torch.Tensor:
     """The fixed prompt embedding [L, 5120] (float32, CPU). A `.pt` is read as one plain tensor with
-    `weights_only=True` (no code runs) and copied once to `pos_emb.safetensors` beside it when possible."""
+    `weights_only=True` (no code runs); `copy_to` (a model folder the user chose, never another pack's install):
+    written there once as `pos_emb.safetensors` when possible, so later loads are safetensors only."""
     path = Path(path)
     if path.suffix == ".safetensors":
         with reading(path), safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -183,7 +184,8 @@ def load_text_embedding(path: str | os.PathLike) -> torch.Tensor:
             tensor = torch.load(str(path), map_location="cpu", weights_only=True)
         if not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"{path} does not hold a plain tensor (found {type(tensor).__name__}).")
-        _write_safetensors_copy(path.with_name("pos_emb.safetensors"), tensor)
+        if copy_to is not None:
+            _write_safetensors_copy(Path(copy_to) / "pos_emb.safetensors", tensor)
     if tensor.dim() != 2 or not tensor.is_floating_point() or tensor.shape[0] < 1:
         raise CheckpointError(f"{path}: the text embedding must be a [tokens, width] float tensor, got "
                               f"{tuple(tensor.shape)} {tensor.dtype}.")
