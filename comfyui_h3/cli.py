@@ -54,6 +54,10 @@ def _model_option(p) -> None:
     p.add_argument("--adaln-cache", action="store_true",
                    help="Hold each step's AdaLN modulation tables on the device and the AdaLN projection weights "
                         "(~24 GB of the released model) in host memory; same output bit for bit.")
+    p.add_argument("--fp8", action="store_true",
+                   help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
+                        "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "
+                        "(compute capability 8.9+: RTX 40xx, L4/L40, H100/H200 or newer) and bfloat16.")
 
 
 def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:

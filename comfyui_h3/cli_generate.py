@@ -99,7 +99,8 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     from .backend.runtime import WeightPolicy
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    weights = WeightPolicy(adaln="cache" if getattr(args, "adaln_cache", False) else "direct")
+    weights = WeightPolicy(adaln="cache" if getattr(args, "adaln_cache", False) else "direct",
+                           storage="fp8" if getattr(args, "fp8", False) else "compute")
     engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}

@@ -288,7 +288,7 @@ def fp8_unsupported(device: str | torch.device) -> str | None:
     if tuple(capability) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(index)
         return (f"FP8 weights need compute capability 8.9 or newer (RTX 40xx, L4/L40, H100/H200 and later); "
-                f"cuda:{index} is a {name} ({capability[0]}.{capability[1]}). Choose bf16 weights.")
+                f"cuda:{index} ({name}) is {capability[0]}.{capability[1]}. Choose bf16 weights.")
     return None
 
 

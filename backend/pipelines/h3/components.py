@@ -147,6 +147,7 @@ class EngineOptions:
     canvas_short_edge: int = 768
     canvas_max_pixels: int = 768 * 1344
     adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
+    weight_storage: str = "compute"  # WeightPolicy.storage: "fp8" quantises the DiT blocks' GEMM weights at load
 
 
 class H3Components:
@@ -227,7 +228,8 @@ class H3Components:
                 self._dits.clear()
                 self._adaln.clear()  # its tables and the pinned host copy of its projection weights
                 torch.cuda.empty_cache()
-            dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention)
+            dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention,
+                                      storage=self.options.weight_storage)
             if self.options.compile_blocks:
                 compile_blocks(dit)
             if self.options.adaln == "cache":

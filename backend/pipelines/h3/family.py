@@ -40,6 +40,25 @@ class H3Family:
         if not os.path.isdir(o.model_dir):
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {o.model_dir}")
         self._check_heads_split(o.model_dir, config.world_size)
+        self._check_fp8(config)
+
+    @staticmethod
+    def _check_fp8(config: EngineConfig) -> None:
+        """FP8 storage: bfloat16 compute (row-wise _scaled_mm's output) and GPUs with FP8 tensor cores, refused here
+        before a worker starts (a Ray cluster's GPUs are checked by each worker, before its weights load)."""
+        storage = config.weights.storage
+        if storage not in ("fp8", "fp8_emulated"):
+            return
+        if storage == "fp8" and (config.executor != "ray" or config.device == "cpu"):
+            from ...models.fp8_linear import fp8_unsupported
+
+            for device in config.devices():
+                reason = fp8_unsupported(device)
+                if reason:
+                    raise ValueError(reason)
+        if config.compute_dtype != "bfloat16":
+            raise ValueError(f"FP8 weights run with bfloat16 compute; the dtype is {config.compute_dtype}. Choose "
+                             "dtype bfloat16, or bf16 weights.")
 
     @staticmethod
     def _check_heads_split(model_dir: str, degree: int) -> None:
@@ -88,6 +107,7 @@ class H3Family:
             canvas_short_edge=settings.get("canvas_short_edge", 768),
             canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
             adaln=runtime.weights.adaln,
+            weight_storage=runtime.weights.storage,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
 
