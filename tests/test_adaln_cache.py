@@ -288,3 +288,14 @@ def test_cli_adaln_cache_flag_reaches_the_engine_config(monkeypatch, flag, want)
         args.device = "cpu"
         assert run_on_engine(args, "/models/h3", t2va(), "denoise") == "result"
         assert seen[-1].weights.adaln == want
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the page-locked host home of the "
+                    "projection weights, device tables); the CPU tests above run the same cache logic")
+def test_cuda_bf16_cache_equals_direct_bitwise(tiny_h3_dir):
+    want = h3_config(str(tiny_h3_dir), device="cuda", dtype="bfloat16", compile="off").build_pipeline(0).run(t2va())
+    pipe = h3_config(str(tiny_h3_dir), device="cuda", dtype="bfloat16", compile="off", weights=CACHE).build_pipeline(0)
+    _same(pipe.run(t2va()), want)
+    report = _report(pipe)
+    assert report["pinned"] and report["weight_bytes_device"] == 0 and report["table_bytes"] > 0
+    assert all(p.numel() == 0 and p.is_cuda for p in _projection_params(pipe.c.transformer_for("t2va")))

@@ -10,8 +10,9 @@ the output norm's projection depend only on a step's distinct timesteps, which t
   the same function (h3_transformer.adaln_table) on the same shapes, so they are equal bit for bit; only the used
   rows are kept ([R, 6 * hidden]; the step's AdaLN segments are renumbered to match), plus the output norm's
   [K, 2 * hidden].
-- Weights: copied to host memory once (pinned on CUDA; on the CPU the tensors themselves), the modules keep empty
-  placeholders, so a forward that is not handed tables fails loudly instead of reading a stale weight.
+- Weights: moved to host memory once (on CUDA one flat page-locked buffer, models/block_offload.HostHome; on the
+  CPU the tensors themselves); the modules' Parameters keep empty data, so a forward that is not handed tables fails
+  loudly instead of reading a stale weight, and weight streaming (which skips empty tensors) leaves them alone.
 - Build (keys the cache lacks): block by block the weights go to the device, every missing key is projected, the copy
   is dropped (one block's weights extra at a time). New tables are committed only when all are built: a Stop (asked
   between blocks, agreed by every rank) or a failure leaves the cache as it was and the weights in host memory.
@@ -25,6 +26,7 @@ the output norm's projection depend only on a step's distinct timesteps, which t
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,10 +36,13 @@ import torch
 from torch import nn
 
 from ...errors import Cancelled
+from ...models.block_offload import HostHome, pin_host_buffer
 from ...models.h3_ops import RowSegments
 from ...models.h3_transformer import MODALITY_COUNT, ModulationTables, adaln_table, norm_out_table
 from ...parallel.context import SINGLE, ParallelContext
 from .step_plan import StepPlan, step_segments
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,21 @@ class AdaLNCache:
         self.device = dit.proj_in.weight.device
         self._linears: list[nn.Linear] = [b.adaln_proj.linear for b in dit.transformer_blocks]
         self._linears.append(dit.norm_out.linear)
-        pin = self.device.type == "cuda"
-        self._host = [tuple(_host_copy(p.data, pin) for p in (lin.weight, lin.bias)) for lin in self._linears]
-        self._place_holders()  # drops the device weights: the host copies are the only ones now
+        params = [p for lin in self._linears for p in (lin.weight, lin.bias)]
+        self._home = None
+        self.pinned = False
+        if self.device.type == "cuda":  # one flat page-locked buffer (torch's pinned allocator rounds each up to 2^n)
+            self._home = HostHome(params, pin=False)
+            try:
+                pin_host_buffer(self._home.buffer)
+                self.pinned = True
+            except RuntimeError as exc:  # a low locked-memory limit: pageable memory only slows the rebuilds
+                log.warning("AdaLN cache: projection weights stay in pageable host memory (%s)", exc)
+            host = self._home.views(self._home.buffer)
+        else:
+            host = [p.data for p in params]  # already host memory: the modules let go of it, the cache keeps it
+        self._host = list(zip(host[0::2], host[1::2]))
+        self._place_holders()  # the host copies are the only ones now
         self.weight_bytes = sum(t.numel() * t.element_size() for pair in self._host for t in pair)
         self._tables: OrderedDict[StepKey, ModulationTables] = OrderedDict()
         self.mode = "tables"  # of the last plan: "tables", or "direct" when its tables would not fit
@@ -102,13 +119,14 @@ class AdaLNCache:
         on_device = sum(p.numel() * p.element_size() for lin in self._linears for p in (lin.weight, lin.bias))
         return {"adaln": "cache", "mode": self.mode, "table_bytes": self.table_bytes, "table_keys": len(self._tables),
                 "weight_bytes_host": self.weight_bytes, "weight_bytes_device": on_device,
-                "pinned": self._host[0][0].is_pinned() if self.device.type == "cuda" else False, **self.stats}
+                "pinned": self.pinned, **self.stats}
 
     # ---- weights -----------------------------------------------------------------------------------------------
     def _place_holders(self) -> None:
+        # `.data`, not new Parameters: the Parameter objects stay the same for whatever holds them (block streaming).
         for lin in self._linears:
-            for name in ("weight", "bias"):
-                setattr(lin, name, nn.Parameter(getattr(lin, name).data.new_empty(0), requires_grad=False))
+            for p in (lin.weight, lin.bias):
+                p.data = p.data.new_empty(0)
 
     def _on_device(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(t.to(self.device, non_blocking=True) for t in self._host[j])
@@ -119,9 +137,7 @@ class AdaLNCache:
         whatever happens inside (an out-of-memory half way included)."""
         try:
             for j, lin in enumerate(self._linears):
-                weight, bias = self._on_device(j)
-                lin.weight = nn.Parameter(weight, requires_grad=False)
-                lin.bias = nn.Parameter(bias, requires_grad=False)
+                lin.weight.data, lin.bias.data = self._on_device(j)
             yield
         finally:
             self._place_holders()
@@ -227,10 +243,3 @@ def planned_steps(plan: StepPlan, cache: AdaLNCache | None, parallel: ParallelCo
     cache.ensure(infos, parallel, should_stop, 0, plan.steps)
     yield PlannedSteps(plan, infos, cache, parallel, should_stop)
 
-
-def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
-    if t.device.type == "cpu" and not pin:
-        return t  # already host memory: the module lets go of it, the cache keeps it
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-    out.copy_(t)
-    return out
