@@ -36,6 +36,16 @@ def _device_arg(text: str) -> str:
     return text
 
 
+def _resident_blocks_arg(text: str) -> str:
+    from .backend.pipelines.h3.offload import parse_resident_blocks
+
+    try:
+        parse_resident_blocks(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def resolve_device(name: str) -> str:
     """--device -> the engine's device: auto is CUDA when a GPU is visible, else the CPU."""
     if name == "cpu":
@@ -54,6 +64,11 @@ def _model_option(p) -> None:
     p.add_argument("--adaln-cache", action="store_true",
                    help="Hold each step's AdaLN modulation tables on the device and the AdaLN projection weights "
                         "(~24 GB of the released model) in host memory; same output bit for bit.")
+    p.add_argument("--resident-blocks", default="all", type=_resident_blocks_arg, metavar="all|auto|N",
+                   help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
+                        "request's activations, the rest streamed from pinned host memory while earlier blocks "
+                        "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is short); "
+                        "or a number (0 streams every block). For GPUs smaller than the model.")
     p.add_argument("--fp8", action="store_true",
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -96,11 +97,14 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     from . import comfy_services as services
     from .backend.engine import EngineCancelled, get_engine
     from .backend.pipelines.h3.family import h3_config
+    from .backend.pipelines.h3.offload import parse_resident_blocks
     from .backend.runtime import WeightPolicy
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     weights = WeightPolicy(adaln="cache" if getattr(args, "adaln_cache", False) else "direct",
                            storage="fp8" if getattr(args, "fp8", False) else "compute")
+    placement, resident = parse_resident_blocks(getattr(args, "resident_blocks", "all"))
+    weights = dataclasses.replace(weights, placement=placement, resident_blocks=resident)
     engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}

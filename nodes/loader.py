@@ -7,6 +7,7 @@ from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
+from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_HELP, parse_resident_blocks
 from ..backend.runtime import WeightPolicy
 from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
@@ -84,23 +85,30 @@ class H3ModelLoader:
                                "DiT's resident weights drop by ~19 GB (its matmul weights halve), at a small loss "
                                "of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
                                "and dtype bfloat16."}),
+                "resident_blocks": ("STRING", {
+                    "default": "all", "tooltip": RESIDENT_BLOCKS_HELP}),
             },
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, device):
-        # Names only `device`: ComfyUI skips its own combo check for the inputs named here, so model / dtype /
-        # attention stay checked against their lists at queue time.
+    def VALIDATE_INPUTS(cls, device, resident_blocks="all"):
+        # Names only `device` and `resident_blocks` (free text, checked here): ComfyUI skips its own combo check for
+        # the inputs named here, so model / dtype / attention stay checked against their lists at queue time.
         if device not in ("auto", "cuda", "cpu"):
             return f"device must be auto, cuda or cpu, got {device!r}."
         if device == "cuda" and not _cuda_available():
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
+        try:
+            parse_resident_blocks(resident_blocks)
+        except ValueError as exc:
+            return str(exc)
         return True
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
-             adaln_cache=False, weights="bf16"):
+             adaln_cache=False, weights="bf16", resident_blocks="all"):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}.")
+        placement, resident = parse_resident_blocks(resident_blocks)
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
         else:
@@ -113,7 +121,8 @@ class H3ModelLoader:
         config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
                               executor=executor, ray_address=(ray_address or "").strip(),
                               weights=WeightPolicy(adaln="cache" if adaln_cache else "direct",
-                                                   storage=WEIGHT_FORMATS[weights]))
+                                                   storage=WEIGHT_FORMATS[weights],
+                                                   placement=placement, resident_blocks=resident))
         config.validate()
         return (H3EngineHandle(config),)
 

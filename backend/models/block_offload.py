@@ -136,10 +136,12 @@ class BlockStreamer:
 
     blocks: modules run one after another in list order (their tensors are moved into host homes here);
     resident: blocks kept on the device (the first K), None = all; exclude: tensor names (relative to a block) left
-    where they are (e.g. weights another policy already placed)."""
+    where they are (e.g. weights another policy places); prepare: called on each block just before its home is
+    made (e.g. quantise its weights on the device), one block at a time so only one is ever expanded."""
 
     def __init__(self, blocks: Sequence[nn.Module], device: torch.device | str, resident: int | None = None,
-                 prefetch: int = 1, exclude: Sequence[str] = ()):
+                 prefetch: int = 1, exclude: Sequence[str] = (),
+                 prepare: Callable[[nn.Module], None] | None = None):
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.blocks = list(blocks)
@@ -147,7 +149,11 @@ class BlockStreamer:
         self.copies = _Copies(self.device)
         self.prefetch = prefetch
         pin = self.device.type == "cuda"
-        self.homes = [HostHome(module_tensors(b, exclude), pin) for b in self.blocks]
+        self.homes = []
+        for block in self.blocks:
+            if prepare is not None:
+                prepare(block)
+            self.homes.append(HostHome(module_tensors(block, exclude), pin))
         self.block_bytes = max((h.nbytes for h in self.homes), default=0)
         self.resident_count = 0
         self._own: dict[int, torch.Tensor] = {}  # resident block -> its device buffer
@@ -202,6 +208,17 @@ class BlockStreamer:
         self._own.clear()
         self._forget_slots()
         self.resident_count = 0
+
+    def close(self) -> None:
+        """Release everything (the blocks are being dropped): device buffers, slots and the pinned homes; the blocks'
+        tensors become empty, so a stray reference cannot keep gigabytes alive or read freed memory."""
+        self.detach_hooks()
+        self.offload_all()
+        for home in self.homes:
+            for t in home.tensors:
+                t.data = t.data.new_empty(0)
+        self.homes = []
+        self.blocks = []
 
     def _new_slot(self) -> _Slot:
         buffer = torch.empty(self.block_bytes, dtype=torch.uint8, device=self.device)

@@ -21,6 +21,7 @@ from ...models.checkpoint import CheckpointError, meta_shapes, read_json, readin
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from .adaln_cache import AdaLNCache
 from .conditioning import ConditionEncoder
+from .offload import TEXT_LAYERS, StageResidency
 from .schedule import RELEASE_AUDIO_SHIFT, RELEASE_VIDEO_SHIFT, SCHEDULER_DEFAULT_SHIFT
 from .text import TEXT_LAYER, TextEncoder
 
@@ -146,6 +147,8 @@ class EngineOptions:
     reference_image_short_edge: int = 2048
     canvas_short_edge: int = 768
     canvas_max_pixels: int = 768 * 1344
+    placement: str = "resident"  # WeightPolicy.placement: "offload" streams DiT blocks from host memory
+    resident_blocks: int | None = None  # WeightPolicy.resident_blocks (offload): None = auto per request
     adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
     weight_storage: str = "compute"  # WeightPolicy.storage: "fp8" quantises the DiT blocks' GEMM weights at load
 
@@ -160,17 +163,19 @@ class H3Components:
         self.device = torch.device(options.device)
         # The schedules' default shifts (a request's None): the folder's scheduler configs, as the reference reads them.
         self.video_shift, self.audio_shift = scheduler_shifts(self.folder)
+        # Offload placement: the big models live in host memory and visit the device (pipelines/h3/offload.py).
+        self.residency = StageResidency(self.device) if options.placement == "offload" else None
         f = self.folder
         self.vae = _load_diffusers(AutoencoderKLMiniMaxH3, "vae", f / "vae", options.vae_dtype)
         self.audio_vae = _load_diffusers(AutoencoderKLMiniMaxH3Audio, "audio_vae", f / "audio_vae", options.vae_dtype)
         # Under sequence parallelism only rank 0 holds the text encoder (~50 GB of Qwen3-VL in bf16 for the
         # release) and broadcasts the embeddings; the other ranks keep that memory for the DiT.
         text_model = load_text_encoder(f / "text_encoder", options.dtype) if options.load_text_encoder else None
-        self.vae.to(self.device).eval().requires_grad_(False)
-        self.audio_vae.to(self.device).eval().requires_grad_(False)
+        self._place("vae", self.vae.eval().requires_grad_(False))
+        self._place("audio_vae", self.audio_vae.eval().requires_grad_(False))
         self.text = None
         if text_model is not None:
-            text_model.to(self.device).eval().requires_grad_(False)
+            self._place("text", text_model.eval().requires_grad_(False), layers=TEXT_LAYERS)
             with reading(f / "tokenizer"):
                 tokenizer = AutoTokenizer.from_pretrained(f / "tokenizer")
             if not tokenizer("a", add_special_tokens=False)["input_ids"]:
@@ -182,6 +187,20 @@ class H3Components:
         self.cond = ConditionEncoder(self.vae, self.audio_vae, self.device)
         self._dits: dict[str, H3Transformer] = {}
         self._adaln: dict[str, AdaLNCache] = {}  # partition -> its AdaLN table cache (adaln "cache")
+
+    def _place(self, name: str, module: torch.nn.Module, layers: str | None = None) -> None:
+        """Resident: onto the device now. Offload: into host memory, to the device when its stage calls it."""
+        if self.residency is None:
+            module.to(self.device)
+        else:
+            self.residency.add(name, module, layers)
+
+    def enter_dit(self, dit: H3Transformer, local_rows: int, total_rows: int) -> dict | None:
+        """Offload placement: plan the DiT stage of a request (resident blocks, stage models off when memory
+        is short); the plan, or None when every weight is resident."""
+        if self.residency is None or dit.block_offload is None:
+            return None
+        return self.residency.enter_dit(dit.block_offload, local_rows, total_rows, self.options.resident_blocks)
 
     # geometry read from the VAEs, so a fine-tune with other factors needs no code change
     @property
@@ -228,8 +247,15 @@ class H3Components:
                 self._dits.clear()
                 self._adaln.clear()  # its tables and the pinned host copy of its projection weights
                 torch.cuda.empty_cache()
-            dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention,
-                                      storage=self.options.weight_storage)
+            if self.residency is not None:  # offload: loaded on the host, blocks homed there (pinned)
+                if self.device.type == "cuda":
+                    self.residency.detach_dits()  # the dropped partition's pinned blocks go first
+                dit = load_h3_transformer(self.folder / name, "cpu", self.options.dtype, self.options.attention)
+                self.residency.attach_dit(dit, self.options.weight_storage,
+                                          ("adaln_proj.",) if self.options.adaln == "cache" else ())
+            else:
+                dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention,
+                                          storage=self.options.weight_storage)
             if self.options.compile_blocks:
                 compile_blocks(dit)
             if self.options.adaln == "cache":

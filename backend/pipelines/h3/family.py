@@ -107,6 +107,8 @@ class H3Family:
             canvas_short_edge=settings.get("canvas_short_edge", 768),
             canvas_max_pixels=settings.get("canvas_max_pixels", 768 * 1344),
             adaln=runtime.weights.adaln,
+            placement=runtime.weights.placement,
+            resident_blocks=runtime.weights.resident_blocks,
             weight_storage=runtime.weights.storage,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)

@@ -44,7 +44,10 @@ class H3Pipeline:
                 on_step: StepCallback | None = None,
                 should_stop: Callable[[], bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The one denoise driver (denoise.py) on this rank's parallel context and attention backend, with the DiT's
-        AdaLN table cache when the weight policy asks for one."""
+        AdaLN table cache when the weight policy asks for one. Under the offload placement the DiT stage is
+        planned first (resident blocks for this shape; text encoder / VAEs off the device if short)."""
+        shard = self.parallel.rows(plan.layout.seq_len)
+        self.c.enter_dit(dit, plan.layout.seq_len if shard is None else shard.local_len, plan.layout.seq_len)
         return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
                        adaln=self.c.adaln_cache(dit))
 
