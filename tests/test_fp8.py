@@ -15,7 +15,7 @@ import torch
 
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.models import fp8_linear as f8
-from comfyui_h3.backend.models.fp8_linear import FP8, FP8_MAX, Fp8Linear, Fp8Rows
+from comfyui_h3.backend.models.fp8_linear import FP8, FP8_MAX, Fp8Linear
 from comfyui_h3.backend.models.h3_ops import RowSegments, rms_norm
 from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
 from comfyui_h3.backend.pipelines.h3.family import h3_config
@@ -298,3 +298,17 @@ def test_cli_fp8_flag(tiny_h3_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "error: FP8 weights need an NVIDIA GPU" in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_bench_dry_run():
+    """bench/fp8_gemm.py --tiny: every part of the GPU benchmark runs (tiny config, CPU, emulated FP8), so a GPU
+    run does not fail on a slip in the script."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "fp8_gemm.py"), "--tiny", "--chain-blocks",
+                           "2"], capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [p["part"] for p in parts] == ["env", "gemms", "producers", "errors", "block", "forward", "weights",
+                                          "summary"]
+    summary = parts[-1]
+    assert summary["block_timed"] == "compiled" and 0.5 < summary["gemm_weights_ratio"] < 0.55
+    assert parts[5]["finite"] and 0 < summary["branch_rel_err"] < 0.2
