@@ -26,7 +26,6 @@ the output norm's projection depend only on a step's distinct timesteps, which t
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,13 +35,11 @@ import torch
 from torch import nn
 
 from ...errors import Cancelled
-from ...models.block_offload import HostHome, pin_host_buffer
+from ...models.block_offload import HostHome
 from ...models.h3_ops import RowSegments
 from ...models.h3_transformer import MODALITY_COUNT, ModulationTables, adaln_table, norm_out_table
 from ...parallel.context import SINGLE, ParallelContext
 from .step_plan import StepPlan, step_segments
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,12 +84,8 @@ class AdaLNCache:
         self._home = None
         self.pinned = False
         if self.device.type == "cuda":  # one flat page-locked buffer (torch's pinned allocator rounds each up to 2^n)
-            self._home = HostHome(params, pin=False)
-            try:
-                pin_host_buffer(self._home.buffer)
-                self.pinned = True
-            except RuntimeError as exc:  # a low locked-memory limit: pageable memory only slows the rebuilds
-                log.warning("AdaLN cache: projection weights stay in pageable host memory (%s)", exc)
+            self._home = HostHome(params, pin=True)
+            self.pinned = getattr(self._home, "pinned", True)  # pageable (with a warning) where locking is refused
             host = self._home.views(self._home.buffer)
         else:
             host = [p.data for p in params]  # already host memory: the modules let go of it, the cache keeps it
