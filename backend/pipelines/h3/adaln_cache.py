@@ -15,7 +15,8 @@ the output norm's projection depend only on a step's distinct timesteps, which t
   loudly instead of reading a stale weight, and weight streaming (which skips empty tensors) leaves them alone.
 - Build (keys the cache lacks): block by block the weights go to the device, every missing key is projected, the copy
   is dropped (one block's weights extra at a time). New tables are committed only when all are built: a Stop (asked
-  between blocks, agreed by every rank) or a failure leaves the cache as it was and the weights in host memory.
+  between blocks, agreed by every rank) or a failure commits none of them and leaves the weights in host memory
+  (older keys evicted beforehand to make room stay evicted: the next plan that needs them rebuilds them).
 - Budget: when a plan's tables would take more bytes than the projection weights (an edit with many mask levels over
   many steps), the plan runs on the direct projection: weights restored for the plan, offloaded after it.
 - Ulysses: keys come from all of a step's rows (not the rank's shard), so every rank builds the same tables; a rank
@@ -155,7 +156,9 @@ class AdaLNCache:
     def ensure(self, infos: list[StepInfo], parallel: ParallelContext = SINGLE,
                should_stop: Callable[[], bool] | None = None, step: int = 0, total: int = 1) -> None:
         """Build the tables of the keys among `infos` the cache lacks (on every rank when any rank lacks one).
-        Atomic: on Stop or failure nothing is committed and the weights stay in host memory."""
+        Least recently used keys outside `infos` are evicted first, as far as the budget needs (before the build,
+        so old and new tables never exceed it together). Atomic: on Stop or failure no new table is committed and
+        the weights stay in host memory."""
         missing = list(dict.fromkeys(i.key for i in infos if i.key not in self._tables))
         self.stats["hits"] += len({i.key for i in infos}) - len(missing)
         if not parallel.any(bool(missing)):
