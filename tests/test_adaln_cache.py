@@ -155,6 +155,23 @@ def test_a_new_request_brings_new_keys_and_old_ones_stay(cached, direct):
     assert cache.stats["builds"] == before["builds"] + 1
 
 
+def test_old_keys_are_evicted_to_keep_the_tables_within_the_weights(cached, direct):
+    """Two 15-step plans: each fits the tiny model's budget alone, not both together. The second evicts the first's
+    least recently used keys; the tables never outweigh the projection weights."""
+    cache = cached.c.adaln_cache(cached.c.transformer_for("t2va"))
+    cache.evict()
+    first, second = t2va(steps=15), t2va(steps=15, video_shift=5.0)
+    cached.run(first)
+    held = cache.report()["table_keys"]
+    _same(cached.run(second), direct.run(second))
+    report = cache.report()
+    assert report["mode"] == "tables" and report["table_bytes"] <= report["weight_bytes_host"]
+    assert report["table_keys"] < held + 14  # some of the first plan's keys went
+    builds = cache.stats["builds"]
+    _same(cached.run(first), direct.run(first))  # its evicted keys are rebuilt
+    assert cache.stats["builds"] == builds + 1
+
+
 def test_stop_during_a_rebuild_leaves_a_working_pipeline(cached, wants):
     """Stop asked at the build's last question (every block's tables built, the output norm's not yet)."""
     cache = cached.c.adaln_cache(cached.c.transformer_for("t2va"))
