@@ -170,6 +170,7 @@ def test_tiny_forward_error_against_bf16(tiny_h3_dir):
     fp8 = load_h3_transformer(folder, dtype=torch.bfloat16, storage="fp8_emulated")
     assert all(b.fp8 == "emulated" and b.attn.qkv_weight is None for b in fp8.transformer_blocks)
     assert not any(isinstance(m, Fp8Linear) for m in fp8.token_refiner.modules())  # text refiner stays bf16
+    fp8.transformer_blocks[0].use_fp8_gemms(emulate=True)  # a second call (e.g. by a placement) changes nothing
     args = _tiny_inputs(ref.config)
     with torch.no_grad():
         want32 = ref32(*args)

@@ -244,6 +244,8 @@ class H3Block(H3RefinerBlock):
     def use_fp8_gemms(self, emulate: bool) -> None:
         """Hold the four GEMM weights (fused QKV, attention out, SwiGLU in and out) in FP8 with per-channel scales
         and feed them rows quantised where they are produced (fp8_linear.py). Norms and adaln_proj stay as stored."""
+        if self.fp8 is not None:
+            return
         attn, ff = self.attn, self.ff
         attn.fuse_qkv()
         attn.qkv_fp8 = Fp8Linear.from_weight(attn.qkv_weight, emulate)
