@@ -394,3 +394,22 @@ def test_cli_refuses_a_bad_resident_blocks(capsys):
     with pytest.raises(SystemExit):
         _parser().parse_args(["generate", "--prompt", "x", "--resident-blocks", "many"])
     assert "resident_blocks must be 'all', 'auto' or a number" in capsys.readouterr().err
+
+
+def test_bench_script_runs_tiny_on_the_cpu():
+    """bench/block_offload.py's --tiny path (the GPU run's code on a tiny model): it finishes, the streamed forward
+    equals the resident one bit for bit, and its overlap arithmetic passes its own check."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "block_offload.py"
+    done = subprocess.run([sys.executable, str(script), "--tiny", "--no-compile"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    phases = {line["phase"]: line for line in lines}
+    assert list(phases) == ["self_test", "setup", "resident", "attach", "offload", "profile", "memory", "summary"]
+    assert phases["summary"]["bitwise_equal"] is True and phases["attach"]["streamed_blocks"] == 5

@@ -50,7 +50,7 @@ def module_tensors(module: nn.Module, exclude: Sequence[str] = ()) -> list[torch
 
 class HostHome:
     """The host copy of a set of tensors, laid out flat; `point(buffer)` makes every tensor a view of `buffer`
-    (the home itself, or a device buffer of `nbytes` filled by `copy_to`)."""
+    (the home itself, or a device buffer of `nbytes` holding a copy of it)."""
 
     def __init__(self, tensors: list[torch.Tensor], pin: bool):
         self.tensors = tensors
@@ -61,11 +61,9 @@ class HostHome:
             self.layout.append((offset, size, t.dtype, t.shape))
             offset = _aligned(offset + size)
         self.nbytes = max(offset, ALIGN)
-        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8)
+        self.buffer, self.pinned = host_buffer(self.nbytes, pin)
         for t, view in zip(tensors, self.views(self.buffer)):
             view.copy_(t.data)
-        if pin:
-            pin_host_buffer(self.buffer)
         self.point(self.buffer)  # the tensors' previous storage (device or pageable host) is released here
 
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
@@ -76,19 +74,35 @@ class HostHome:
             t.data = view
 
 
-def pin_host_buffer(buffer: torch.Tensor) -> None:
-    """Page-lock `buffer` in place (cudaHostRegister), unlocked when the tensor object goes. Not torch's pinned
-    allocator: that one rounds every allocation up to a power of two (a 1.29 GB block would take 2 GiB)."""
+def host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
+    """(uint8 host buffer of `nbytes`, whether it is page-locked). Pinned buffers are page-locked in place
+    (cudaHostRegister) on whole pages of their own, unlocked when the tensor object goes; torch's pinned allocator is
+    not used because it rounds every allocation up to a power of two (a 1.29 GB block would take 2 GiB). When the
+    system refuses to lock that much memory the buffer stays pageable: copies are then synchronous (slower, still
+    correct) and a warning says why."""
+    if not pin:
+        return torch.empty(nbytes, dtype=torch.uint8), False
+    import os
     import weakref
 
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    size = (nbytes + page - 1) // page * page
+    raw = torch.empty(size + page, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % page
+    buffer = raw[start:start + size]
     cudart = torch.cuda.cudart()
-    ptr, size = buffer.data_ptr(), buffer.numel() * buffer.element_size()
-    err = int(cudart.cudaHostRegister(ptr, size, 1))  # 1: cudaHostRegisterPortable
+    err = int(cudart.cudaHostRegister(buffer.data_ptr(), size, 1))  # 1: cudaHostRegisterPortable
     if err != 0:
-        raise RuntimeError(f"Could not page-lock {size / 2**30:.2f} GiB of host memory for offloaded weights (CUDA "
-                           f"error {err}): the machine may lack free RAM, or its locked-memory limit is too low "
-                           "(ulimit -l).")
-    weakref.finalize(buffer, cudart.cudaHostUnregister, ptr)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "Could not page-lock %.2f GiB of host memory for offloaded weights (CUDA error %d): the machine may lack "
+            "free RAM or its locked-memory limit (ulimit -l) is too low; streaming from pageable memory (slower).",
+            size / 2**30, err)
+        return buffer[:nbytes], False
+    out = buffer[:nbytes]
+    weakref.finalize(out, cudart.cudaHostUnregister, buffer.data_ptr())  # with the object the home keeps
+    return out, True
 
 
 class _Copies:
