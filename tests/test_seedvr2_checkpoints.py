@@ -158,3 +158,12 @@ def test_family_memory_counts_compute_width(tiny):
     numel = sum(v.numel() for v in load_file(str(_dit(tiny, "3b"))).values())
     numel += sum(v.numel() for v in load_file(str(tiny / "a" / VAE_FILE)).values())
     assert config.family_impl().memory_bytes(config) == 4 * numel
+
+
+def test_weight_policies_it_cannot_apply_are_refused(tiny):
+    from comfyui_h3.backend.runtime import WeightPolicy
+
+    for policy in (WeightPolicy(storage="fp8"), WeightPolicy(placement="offload"), WeightPolicy(adaln="cache")):
+        config = seedvr2_config(_dit(tiny, "3b"), tiny / "a" / VAE_FILE, tiny / "a" / TEXT_FILE, weights=policy)
+        with pytest.raises(ValueError, match="SeedVR2 runs its weights resident"):
+            config.validate()

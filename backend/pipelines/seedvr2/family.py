@@ -42,6 +42,11 @@ class SeedVR2Family:
             raise ValueError(f"SeedVR2 model must be one of {DIT_VARIANTS}, got {o.variant!r}.")
         if o.vae_dtype not in DTYPES:
             raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
+        w = config.weights
+        if (w.storage, w.placement, w.adaln) != ("compute", "resident", "direct"):
+            # The DiT's released fp8 files are cast at load; FP8 GEMMs, block streaming and the AdaLN cache are H3's.
+            raise ValueError(f"SeedVR2 runs its weights resident in the compute precision; weight storage "
+                             f"{w.storage!r}, placement {w.placement!r}, AdaLN {w.adaln!r} are not available for it.")
         for what, path in (("DiT", o.dit_path), ("VAE", o.vae_path), ("text embedding", o.text_path)):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"SeedVR2 {what} file not found: {path}")
