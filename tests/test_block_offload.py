@@ -150,6 +150,25 @@ def test_resident_count_changes_between_requests(dit_and_calls):
         assert all(p.numel() == 0 for p in streamed.transformer_blocks.parameters())
 
 
+def test_out_of_memory_while_planning_leaves_a_usable_streamer(dit_and_calls, monkeypatch):
+    dit, calls, want = dit_and_calls
+    streamed = copy.deepcopy(dit)
+    streamer = BlockStreamer(streamed.transformer_blocks, "cpu", resident=1)
+    streamed.block_offload = streamer
+    original = BlockStreamer._new_slot
+
+    def no_memory(self):
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(BlockStreamer, "_new_slot", no_memory)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        streamer.set_resident(3)
+    assert streamer.device_bytes() == 0 and streamer.resident_count == 0
+    monkeypatch.setattr(BlockStreamer, "_new_slot", original)
+    with torch.no_grad():
+        assert torch.equal(streamed(*calls[0])[0], want[0][0])
+
+
 def test_hooks_stream_a_stack_run_by_someone_elses_loop():
     """The text encoder's decoder layers are iterated by the library's own forward: hooks acquire and release."""
     torch.manual_seed(3)
@@ -298,6 +317,43 @@ def test_offload_pipeline_equals_resident_bitwise(tiny_h3_dir, resident_result, 
     assert plan["resident_blocks"] == (layers if resident is None else resident)  # auto: unlimited on the CPU
     assert plan["mode"] == ("auto" if resident is None else "fixed")
     assert set(pipe.c.residency.parts) == {"text", "vae", "audio_vae"}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the cpu case runs the same moves as host copies)"))])
+def test_small_device_moves_every_model_and_keeps_the_output(tiny_h3_dir, monkeypatch, device):
+    """A device of 400 kB (simulated; activation estimates zeroed): the text encoder runs with most of its 50
+    decoder layers streamed, the DiT with both blocks streamed after the text encoder left, the VAEs come back for
+    decode (evicting the DiT's slots). The result equals the all-resident engine's, bit for bit."""
+    for name in ("DIT_BYTES_PER_ROW", "DIT_BYTES_PER_OTHER_ROW", "DIT_RESERVE"):
+        monkeypatch.setattr(offload, name, 0)
+    monkeypatch.setattr(offload, "STAGE_RESERVE", {})
+    monkeypatch.setattr(offload, "GIB", 0)  # the default stage reserve
+    want = h3_config(str(tiny_h3_dir), device=device, dtype="float32", compile="off").build_pipeline(0).run(
+        _request())
+    pipe = h3_config(str(tiny_h3_dir), device=device, dtype="float32", compile="off",
+                     weights=WeightPolicy(placement="offload")).build_pipeline(0)
+    residency = pipe.c.residency
+    residency.free_bytes = _simulated(residency, 400_000)
+    loads = []
+    original = offload._Part.load
+
+    def logged(self, available, reserve):
+        original(self, available, reserve)
+        loads.append((self.name, None if self.layers is None else len(self.layers.streamed),
+                      [s.device_bytes() for s in residency.dits]))
+
+    monkeypatch.setattr(offload._Part, "load", logged)
+    got = pipe.run(_request())
+    assert torch.equal(got.video_latents, want.video_latents) and torch.equal(got.audio_latents, want.audio_latents)
+    assert torch.equal(got.frames, want.frames) and torch.equal(got.audio, want.audio)
+    assert loads[0][0] == "text" and 0 < loads[0][1] < 50  # the encoder did not fit: some layers streamed
+    assert residency.last_plan["resident_blocks"] == 0 and residency.last_plan["stage_models_on_device"] == []
+    vae_load = next(entry for entry in loads if entry[0] == "vae")
+    assert vae_load[2] == [0]  # the DiT's slots went before the VAE came back
+    if device == "cuda":
+        dit = pipe.c.transformer_for("t2va")
+        assert dit.proj_in.weight.is_cuda and all(h.pinned for h in dit.block_offload.homes)
 
 
 @pytest.mark.parametrize("policy", [dict(storage="fp8_emulated"), dict(adaln="cache"),

@@ -204,14 +204,18 @@ class BlockStreamer:
             self.homes[i].point(self.homes[i].buffer)
             del self._own[i]
         self._forget_slots()
-        for i in range(resident):
-            if i not in self._own:
-                own = torch.empty(self.homes[i].nbytes, dtype=torch.uint8, device=self.device)
-                own.copy_(self.homes[i].buffer, non_blocking=True)  # ordered before any use on this stream
-                self._own[i] = own
-                self.homes[i].point(own)
-        self.resident_count = resident
-        self._slots = [self._new_slot() for _ in range(self.slot_count)]
+        try:
+            for i in range(resident):
+                if i not in self._own:
+                    own = torch.empty(self.homes[i].nbytes, dtype=torch.uint8, device=self.device)
+                    own.copy_(self.homes[i].buffer, non_blocking=True)  # ordered before any use on this stream
+                    self._own[i] = own
+                    self.homes[i].point(own)
+            self.resident_count = resident
+            self._slots = [self._new_slot() for _ in range(self.slot_count)]
+        except BaseException:  # out of memory half way: nothing on the device, still usable (slots made on demand)
+            self.offload_all()
+            raise
 
     def offload_all(self) -> None:
         """Free every device byte this streamer holds (another stage needs the memory); the next `set_resident`
