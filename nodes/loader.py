@@ -7,7 +7,7 @@ from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
-from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_HELP, parse_resident_blocks
+from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
 from ..backend.runtime import WeightPolicy
 from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
@@ -85,23 +85,19 @@ class H3ModelLoader:
                                "DiT's resident weights drop by ~19 GB (its matmul weights halve), at a small loss "
                                "of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
                                "and dtype bfloat16."}),
-                "resident_blocks": ("STRING", {
+                "resident_blocks": (list(RESIDENT_BLOCKS_CHOICES), {
                     "default": "all", "tooltip": RESIDENT_BLOCKS_HELP}),
             },
         }
 
     @classmethod
-    def VALIDATE_INPUTS(cls, device, resident_blocks="all"):
-        # Names only `device` and `resident_blocks` (free text, checked here): ComfyUI skips its own combo check for
-        # the inputs named here, so model / dtype / attention stay checked against their lists at queue time.
+    def VALIDATE_INPUTS(cls, device):
+        # Names only `device`: ComfyUI skips its own combo check for the inputs named here, so model / dtype /
+        # attention stay checked against their lists at queue time.
         if device not in ("auto", "cuda", "cpu"):
             return f"device must be auto, cuda or cpu, got {device!r}."
         if device == "cuda" and not _cuda_available():
             return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
-        try:
-            parse_resident_blocks(resident_blocks)
-        except ValueError as exc:
-            return str(exc)
         return True
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",

@@ -399,16 +399,15 @@ def test_resident_blocks_option_refused(text):
         offload.parse_resident_blocks(text)
 
 
-def test_loader_widget_appended_and_checked_at_queue_time(tiny_h3_dir, monkeypatch):
+def test_loader_widget_appended_with_its_choices(tiny_h3_dir, monkeypatch):
     from comfyui_h3.nodes import loader
 
     spec = loader.H3ModelLoader.INPUT_TYPES()
     assert list(spec["optional"])[-1] == "resident_blocks"  # appended: saved workflows keep their widget order
-    kind, opts = spec["optional"]["resident_blocks"]
-    assert kind == "STRING" and opts["default"] == "all" and "auto" in opts["tooltip"]
-    assert loader.H3ModelLoader.VALIDATE_INPUTS("cpu") is True  # a saved workflow without the widget
-    assert loader.H3ModelLoader.VALIDATE_INPUTS("cpu", "auto") is True
-    assert "resident_blocks must be" in loader.H3ModelLoader.VALIDATE_INPUTS("cpu", "lots")
+    choices, opts = spec["optional"]["resident_blocks"]  # a list: ComfyUI refuses other values at queue time
+    assert choices[:3] == ["all", "auto", "0"] and choices[-1] == "50" and opts["default"] == "all"
+    assert "auto" in opts["tooltip"]
+    assert all(offload.parse_resident_blocks(choice) for choice in choices)
     monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
     (default,) = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa")
     (auto,) = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa", resident_blocks="auto")

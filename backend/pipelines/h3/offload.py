@@ -228,11 +228,14 @@ class StageResidency:
         return self.last_plan
 
 
-RESIDENT_BLOCKS_HELP = ("DiT blocks kept on the GPU: 'all' (default: every weight resident, fastest when the model "
-                        "fits), 'auto' (as many as fit beside this request's activations; the rest stream from "
-                        "pinned host memory while earlier blocks compute; the text encoder and VAEs leave the GPU "
-                        "while the DiT runs when memory is short), or a number 0..50 (0 streams every block; the "
-                        "released model needs ~64 GB of host RAM for it).")
+RELEASE_BLOCKS = 50  # the released DiT's blocks: the loader's choices go up to it
+RESIDENT_BLOCKS_CHOICES = ("all", "auto") + tuple(str(n) for n in range(RELEASE_BLOCKS + 1))
+RESIDENT_BLOCKS_HELP = ("DiT blocks kept on the GPU. all (default): every weight stays on the GPU, the fastest when "
+                        "the model fits. auto: as many as fit beside this request's activations; the others are "
+                        "copied in from pinned host memory while earlier blocks compute (about as fast), and the "
+                        "text encoder and VAEs leave the GPU while the DiT runs when memory is short. A number: keep "
+                        "that many (0 streams every block). Every choice but all holds the DiT blocks in host RAM "
+                        "(~64 GB for the released model, ~45 GB with fp8 weights).")
 
 
 def parse_resident_blocks(value) -> tuple[str, int | None]:
