@@ -132,6 +132,8 @@ def overlap_summary(events: list[dict], min_copy_bytes: int = 1 << 20) -> dict:
     copy_bytes = sum(int(e.get("args", {}).get("bytes", 0)) for e in copies)
     span = (max(e for _, e in union) - min(s for s, _ in union)) if union else 0.0
     busy = sum(e - s for s, e in union)
+    gaps = [union[i + 1][0] - union[i][1] for i in range(len(union) - 1)]
+    bubbles = [g for g in gaps if g > 500.0]  # the device idle > 0.5 ms: what an exposed copy would leave
     return {
         "copies": len(copies), "copy_bytes": copy_bytes, "copy_ms": round(copy_us / 1e3, 3),
         "copy_GBps": round(copy_bytes / (copy_us * 1e3), 2) if copy_us else None,
@@ -142,6 +144,7 @@ def overlap_summary(events: list[dict], min_copy_bytes: int = 1 << 20) -> dict:
         "exposed_copy_ms": round((copy_us - overlapped) / 1e3, 3),
         "kernels": len(kernels), "kernel_busy_ms": round(busy / 1e3, 3), "forward_span_ms": round(span / 1e3, 3),
         "compute_busy_fraction": round(busy / span, 4) if span else None,
+        "idle_gaps_over_0.5ms": len(bubbles), "idle_gaps_over_0.5ms_total_ms": round(sum(bubbles) / 1e3, 3),
     }
 
 
