@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from ...errors import Cancelled
+from ...errors import Cancelled, RequestError
 from ...media.frame_sinks import FileSink, MemorySink
 from .batches import StreamBlender, plan_batches
 from .memory import check_fits
@@ -50,10 +50,14 @@ class SeedVR2Pipeline:
         size = (req.width, req.height) if req.width is not None else None
         geometry = plan_geometry(frames.shape[1], frames.shape[2], scale=req.scale, short_side=req.short_side,
                                  size=size, fit=req.edge)
+        if req.vae_tile and self.parallel.is_parallel:
+            raise RequestError(f"A VAE tile runs on one GPU; this engine has {self.parallel.world} (each GPU "
+                               "encodes and decodes whole frames of its time slices): set the VAE tile to 0 or load "
+                               "the model on one GPU (sp_degree 1).")
         act = torch.finfo(self.c.dtype).bits // 8
         vae_act = torch.finfo(self.c.vae_dtype).bits // 8
         batch = check_fits(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
-                           act, vae_act, self._free_bytes(), self.parallel.world)
+                           act, vae_act, self._free_bytes(), self.parallel.world, req.vae_tile)
         batch = min(batch, ((req.num_frames - 1 + 3) // 4) * 4 + 1)
         overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
         return geometry, plan_batches(req.num_frames, batch, overlap if req.num_frames > batch else 0)
@@ -86,7 +90,8 @@ class SeedVR2Pipeline:
                     raise Cancelled(f"Stopped before batch {k + 1}/{plan.count}.")
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
                                        batch_generator(req.seed, k), p, routing_for,
-                                       self.runtime.attention, timings if req.timings else None)
+                                       self.runtime.attention, timings if req.timings else None,
+                                       vae_tile=req.vae_tile)
                 if blender is not None:
                     for chunk in blender.push(frames):
                         sink.write(chunk)

@@ -14,6 +14,7 @@ COLOR_FIXES = ("wavelet", "adain", "lab", "none")
 EDGE_MODES = ("pad", "crop")  # making the size a multiple of 16: replicate-pad (cropped back after) or centre-crop
 MAX_SCALE = 8.0
 MAX_SIDE = 8192
+MIN_VAE_TILE = 128  # px; smaller tiles see too little of the frame (and a tile this small always fits)
 
 
 @dataclass
@@ -23,7 +24,9 @@ class UpscaleRequest:
     `width`+`height`; the output keeps the input's frame count and frame rate.
     batch_frames: frames restored together (4n+1; 0 = as many as fit, see memory.py); overlap: frames shared by
     consecutive batches and cross-faded. seed: the noise of batch k is drawn from a generator seeded (seed, k).
-    output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory)."""
+    output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory).
+    vae_tile: 0, or the VAE encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128;
+    one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py)."""
 
     frames: torch.Tensor
     scale: float | None = 2.0
@@ -41,6 +44,7 @@ class UpscaleRequest:
     audio: torch.Tensor | None = None  # [C, S] float32 muxed into output_path unchanged
     sample_rate: int | None = None
     timings: bool = False  # seconds per stage in the result (synchronises the device at stage borders)
+    vae_tile: int = 0
 
     @property
     def num_frames(self) -> int:
@@ -76,6 +80,9 @@ class UpscaleRequest:
             raise RequestError(f"Colour fix {self.color_fix!r} is not one of {', '.join(COLOR_FIXES)}.")
         if self.edge not in EDGE_MODES:
             raise RequestError(f"Edge mode {self.edge!r} is not one of {', '.join(EDGE_MODES)}.")
+        if self.vae_tile and not (MIN_VAE_TILE <= self.vae_tile <= MAX_SIDE and self.vae_tile % 8 == 0):
+            raise RequestError(f"VAE tile {self.vae_tile} must be 0 (off) or a multiple of 8 from {MIN_VAE_TILE} to "
+                               f"{MAX_SIDE} pixels.")
         if not 0 <= int(self.seed) < 2**64:
             raise RequestError(f"Seed {self.seed} must be in 0..2^64-1.")
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 import torch
 
 from ...models.seedvr2.vae import LATENT_SCALE
+from ...models.seedvr2.vae_tiling import tiled_decode, tiled_encode
 from .colorfix import color_fix
 from .preprocess import Geometry, prepare_video, uint8_frames
 
@@ -38,10 +39,11 @@ def _given(noise: torch.Tensor, shape, what: str) -> torch.Tensor:
 
 
 def sample_condition(vae, video: torch.Tensor, generator: torch.Generator,
-                     eps: torch.Tensor | None = None) -> torch.Tensor:
+                     eps: torch.Tensor | None = None, vae_tile: int = 0) -> torch.Tensor:
     """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale.
-    `eps`: the posterior's standard normal draw [1, 16, T, h, w] to use instead of drawing it from `generator`."""
-    mean, logvar = vae.encode(video[None])
+    `eps`: the posterior's standard normal draw [1, 16, T, h, w] to use instead of drawing it from `generator`;
+    `vae_tile`: encode in tiles of at most this many pixels (0: whole frames)."""
+    mean, logvar = tiled_encode(vae, video[None], vae_tile) if vae_tile else vae.encode(video[None])
     if eps is None:
         eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32)
     eps = _given(eps, mean.shape, "posterior").to(mean.device)
@@ -66,12 +68,13 @@ def _stage(timings: dict | None, name: str, device: torch.device):
 
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
                   parallel, routing_for=None, attention=None, timings: dict | None = None,
-                  noise: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+                  noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int = 0) -> torch.Tensor | None:
     """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
     `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
     runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
-    (the same on every rank; the official-parity test injects the official code's draws)."""
+    (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
+    tiles of at most this many pixels (one rank; 0: whole frames)."""
     dev = c.device
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
@@ -82,7 +85,7 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     cond = torch.empty((t_lat, h, w, 16), dtype=torch.float32, device=dev)
     if parallel.is_driver:
         with _stage(timings, "encode_s", dev):
-            cond.copy_(sample_condition(c.vae, video, generator, eps))
+            cond.copy_(sample_condition(c.vae, video, generator, eps, vae_tile))
     elif eps is None:
         torch.randn((1, 16, t_lat, h, w), generator=generator)  # keep every rank's generator in step with rank 0
     parallel.broadcast_from_driver(cond)
@@ -100,7 +103,9 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     with _stage(timings, "decode_s", dev):
-        decoded = c.vae.decode(x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype))[0]  # [3, F', H', W']
+        z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)
+        decoded = (tiled_decode(c.vae, z, vae_tile) if vae_tile else c.vae.decode(z))[0]  # [3, F', H', W']
+        del z
     del x0
     # Colour fix and quantisation per chunk of frames in float32 (a bf16 result would step by ~1 level of 255).
     top, left, out_h, out_w = geometry.box
