@@ -193,6 +193,10 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--edge", default="pad", choices=["pad", "crop"],
                    help="Reaching a multiple of 16 px: pad the edges (cropped back after) or crop them.")
     u.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
+    u.add_argument("--vae-tile", type=int, default=0, metavar="PX",
+                   help="VAE encode/decode in tiles of at most PX pixels a side (a multiple of 8, >= 128; one GPU), "
+                        "for outputs whose frames do not fit the GPU whole (e.g. 4K): close to, not equal to, the "
+                        "whole pass. 0: whole frames.")
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")

@@ -36,7 +36,8 @@ def build_request(args):
         target = {"scale": None, "width": width, "height": height}
     clip = decode_video(args.video)
     return UpscaleRequest(frames=clip.frames, **target, batch_frames=args.batch_frames, overlap=args.overlap,
-                          color_fix=args.color_fix, seed=args.seed, edge=args.edge, fps=Fraction(clip.frame_rate),
+                          color_fix=args.color_fix, seed=args.seed, edge=args.edge, vae_tile=args.vae_tile,
+                          fps=Fraction(clip.frame_rate),
                           audio=clip.audio, sample_rate=clip.sample_rate,
                           encode_options={"crf": args.crf, "preset": "veryfast",
                                           "metadata": {"comment": "comfyui-h3 upscale"}})

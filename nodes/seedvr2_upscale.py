@@ -87,6 +87,14 @@ class H3SeedVR2Upscale:
                 "fps": ("FLOAT", {"default": 24.0, "min": 0.01, "max": 240.0, "step": 0.001,
                                   "tooltip": "Frame rate of the output for images; a connected video keeps its "
                                              "own."}),
+                # appended: saved workflows keep their widget order
+                "vae_tile": ("INT", {"default": 0, "min": 0, "max": MAX_SIDE, "step": 8,
+                                     "tooltip": "0 = off. Otherwise the VAE encodes and decodes each frame in "
+                                                "overlapping tiles of at most this many pixels a side (a multiple "
+                                                "of 8, at least 128; one GPU only), for outputs whose frames do not "
+                                                "fit the GPU whole, e.g. 4K. Close to, not equal to, the whole-frame "
+                                                "result, and slower; a memory error names the largest tile that "
+                                                "fits."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -97,7 +105,7 @@ class H3SeedVR2Upscale:
         return check_batch_frames(batch_frames)
 
     def upscale(self, engine, target, scale, short_side, width, height, batch_frames, overlap, color_fix, seed,
-                edge, video=None, images=None, fps=24.0, unique_id=None):
+                edge, video=None, images=None, fps=24.0, vae_tile=0, unique_id=None):
         family = getattr(getattr(engine, "config", None), "family", None)
         if family != "seedvr2":
             raise ValueError("SeedVR2 Upscale needs the engine of a SeedVR2 Model Loader.")
@@ -111,7 +119,7 @@ class H3SeedVR2Upscale:
             frames, rate, wave, sample_rate = images_to_frames(images), as_fraction(float(fps)), None, None
         request = UpscaleRequest(frames=frames.cpu(), **target_fields(target, scale, short_side, width, height),
                                  batch_frames=int(batch_frames), overlap=int(overlap), color_fix=color_fix,
-                                 seed=int(seed), edge=edge, fps=Fraction(rate),
+                                 seed=int(seed), edge=edge, vae_tile=int(vae_tile or 0), fps=Fraction(rate),
                                  audio=None if wave is None else torch.as_tensor(wave).float().cpu(),
                                  sample_rate=sample_rate, encode_options=dict(ENCODE_OPTIONS))
         streamed = video is not None or output_bytes(request) > MEMORY_OUTPUT_BYTES

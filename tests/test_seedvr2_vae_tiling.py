@@ -236,3 +236,31 @@ def test_pipeline_refuses_a_vae_tile_on_several_ranks(pipe):
 
     with pytest.raises(RequestError, match="A VAE tile runs on one GPU; this engine has 2"):
         SeedVR2Pipeline(pipe.c, Runtime()).plan(UpscaleRequest(_frames(), vae_tile=128))
+
+
+def test_node_and_cli_pass_the_vae_tile_and_refuse_bad_ones_before_any_work(tmp_path, capsys):
+    from comfyui_h3.backend.media.save import write_mp4
+    from comfyui_h3.cli import _parser, main
+    from comfyui_h3.cli_upscale import build_request
+    from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale
+
+    optional = H3SeedVR2Upscale.INPUT_TYPES()["optional"]
+    assert list(optional)[-1] == "vae_tile"  # appended: saved workflows keep their widget order
+    kind, spec = optional["vae_tile"]
+    assert kind == "INT" and spec["default"] == 0 and spec["step"] == 8 and "tooltip" in spec
+
+    class Handle:
+        class config:
+            family = "seedvr2"
+
+        def engine(self):
+            pytest.fail("the engine was touched before the request was checked")
+
+    with pytest.raises(ValueError, match="VAE tile 100 must be 0"):
+        H3SeedVR2Upscale().upscale(Handle(), "scale", 2.0, 1080, 1920, 1080, 0, 8, "wavelet", 0, "pad",
+                                   images=torch.rand(1, 32, 32, 3), vae_tile=100)
+    src = write_mp4(str(tmp_path / "in.mp4"), _frames(5, 32, 48), 24)
+    args = _parser().parse_args(["upscale", "--video", src, "--vae-tile", "512", "--out", str(tmp_path / "o.mp4")])
+    assert build_request(args).vae_tile == 512
+    assert main(["upscale", "--video", src, "--vae-tile", "100", "--out", str(tmp_path / "o.mp4")]) != 0
+    assert "VAE tile 100 must be 0" in capsys.readouterr().err and not (tmp_path / "o.mp4").exists()
