@@ -169,7 +169,7 @@ class Decoder(nn.Module):
         return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
 
 
-def _time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
+def time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
     """[0, 1 + step), then runs of ``step`` (the official causal slicing: frame 0 travels with the first slice)."""
     if step is None or total <= 1 + step:
         yield 0, total
@@ -181,7 +181,7 @@ def _time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
 
 def _run_sliced(module: nn.Module, x: torch.Tensor, step: Optional[int], chunk_bytes: int) -> Iterator[torch.Tensor]:
     stream = CausalStream(chunk_bytes)
-    for a, b in _time_slices(x.shape[2], step):
+    for a, b in time_slices(x.shape[2], step):
         stream.keep = b < x.shape[2]
         yield module(x[:, :, a:b], stream)
         stream.first = False

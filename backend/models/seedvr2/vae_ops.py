@@ -44,6 +44,18 @@ class CausalStream:
         self.first = True
         self.keep = False
 
+    def extend(self, conv: "CausalConv3d", x: torch.Tensor, pre: Optional["FrameGroupNorm"]) -> "TimeExtended":
+        """conv's time-extended input of this slice (front copies of frame 0 in the first slice, else the frames the
+        previous slice carried), keeping this slice's leftover for the next one. Streams over ranks override it
+        (backend/parallel/vae_shard.py: the carried frames come from and go to the neighbouring ranks)."""
+        head = None if self.first else self.memory.pop(conv, None)
+        nh = conv.front if self.first else (0 if head is None else head.shape[2])
+        src = TimeExtended(x, head, nh, pre)
+        t_out = conv.frames_out(src.length)
+        if self.keep and t_out * conv.stride[0] < src.length:  # the first window start it cannot take, onwards
+            self.memory[conv] = src.gather(t_out * conv.stride[0], src.length, self.chunk_bytes)
+        return src
+
 
 def _count(size: int, per: int) -> int:
     return max(1, min(size, per))
@@ -120,19 +132,17 @@ class CausalConv3d(nn.Conv3d):
 
     def forward(self, x: torch.Tensor, stream: CausalStream,  # type: ignore[override]
                 pre: Optional[FrameGroupNorm] = None) -> torch.Tensor:
-        kt, st = self.kernel_size[0], self.stride[0]
-        head = None if stream.first else stream.memory.pop(self, None)
-        nh = self.front if stream.first else (0 if head is None else head.shape[2])
-        tp = nh + x.shape[2]
-        if tp < kt:
-            raise ValueError(f"causal conv needs {kt} frames, got {tp} (a time slice too short)")
-        t_out = (tp - kt) // st + 1
-        src = _Frames(x, head, nh, pre)
-        if stream.keep and t_out * st < tp:  # the first window start this slice cannot take, onwards: carried
-            stream.memory[self] = src.gather(t_out * st, tp, stream.chunk_bytes)
-        return self._conv(src, t_out, stream.chunk_bytes)
+        src = stream.extend(self, x, pre)
+        return self._conv(src, self.frames_out(src.length), stream.chunk_bytes)
 
-    def _conv(self, src: "_Frames", t_out: int, chunk_bytes: int) -> torch.Tensor:
+    def frames_out(self, length: int) -> int:
+        """Output frames of a time-extended input of `length` frames."""
+        kt, st = self.kernel_size[0], self.stride[0]
+        if length < kt:
+            raise ValueError(f"causal conv needs {kt} frames, got {length} (a time slice too short)")
+        return (length - kt) // st + 1
+
+    def _conv(self, src: "TimeExtended", t_out: int, chunk_bytes: int) -> torch.Tensor:
         x = src.x
         b, c, _, h, w = x.shape
         kh, sh = self.kernel_size[1], self.stride[1]
@@ -150,7 +160,7 @@ class CausalConv3d(nn.Conv3d):
             out[:, :, :, r0:r1] = F.conv3d(self._padded(src, r0, r1), self.weight, self.bias, self.stride)
         return out
 
-    def _padded(self, src: "_Frames", r0: int, r1: int) -> torch.Tensor:
+    def _padded(self, src: "TimeExtended", r0: int, r1: int) -> torch.Tensor:
         """The zero-padded, time-extended input of output rows [r0, r1)."""
         x = src.x
         b, c, _, h, w = x.shape
@@ -173,7 +183,7 @@ class CausalConv3d(nn.Conv3d):
         return buf
 
 
-class _Frames:
+class TimeExtended:
     """The time-extended input of a causal conv: ``nh`` head frames (the carried ``head`` or, when it is None,
     copies of frame 0) then x, with ``pre`` applied to x's frames (the carried head already has it)."""
 

@@ -6,8 +6,11 @@ generator in the official order (posterior eps, then x_T):
 - DiT input [T, h, w, 33] = cat[x_T 16 | cond 16 | ones 1]; v = DiT(input, text, t = 1000);
 - x0 = x_T - v (v-prediction on the lerp schedule at t = T), decoded after dividing by LATENT_SCALE;
 - colour fix against the model-size input frames, then the fit undone and the frame count restored.
-With several ranks every rank runs the DiT on its windows (ShardedWindowRouting); rank 0 alone encodes (the
-condition is broadcast), decodes and returns frames; the others return None.
+With several ranks (`_restore_on_ranks`) the VAE is spread too (backend/parallel/vae_shard.py: the one-rank time
+slices dealt round-robin, the causal convs' carried frames passed between neighbours): each rank prepares and encodes
+only its own slices' frames, the condition latent is gathered to every rank, every rank runs the DiT on its windows
+(ShardedWindowRouting), rank 0's velocity is broadcast, each rank decodes its own slices and colour-fixes and quantises
+them against its own input frames, and only uint8 frames travel to rank 0, which returns them (the others None).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import torch
 
 from ...models.seedvr2.vae import LATENT_SCALE
 from ...models.seedvr2.vae_tiling import tiled_decode, tiled_encode
+from ...parallel import vae_shard
 from .colorfix import color_fix
-from .preprocess import Geometry, prepare_video, uint8_frames
+from .preprocess import Geometry, padded_frame_count, prepare_frames, prepare_video, uint8_frames
 
 TIMESTEP = 1000.0
 CHUNK_BYTES = 512 * 1024**2  # float32 temporaries of the colour fix per chunk of frames
@@ -75,6 +79,11 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
     (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
     tiles of at most this many pixels (one rank; 0: whole frames)."""
+    if parallel.is_parallel:
+        if vae_tile:  # the pipeline refuses it first, as a request error
+            raise ValueError(f"a VAE tile runs on one rank; this restore runs on {parallel.world}")
+        return _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention,
+                                 timings, noise)
     dev = c.device
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
@@ -82,13 +91,8 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     t_lat = (video.shape[1] - 1) // 4 + 1
     h, w = geometry.model[0] // 8, geometry.model[1] // 8
     eps, x_t = noise if noise is not None else (None, None)
-    cond = torch.empty((t_lat, h, w, 16), dtype=torch.float32, device=dev)
-    if parallel.is_driver:
-        with _stage(timings, "encode_s", dev):
-            cond.copy_(sample_condition(c.vae, video, generator, eps, vae_tile))
-    elif eps is None:
-        torch.randn((1, 16, t_lat, h, w), generator=generator)  # keep every rank's generator in step with rank 0
-    parallel.broadcast_from_driver(cond)
+    with _stage(timings, "encode_s", dev):
+        cond = sample_condition(c.vae, video, generator, eps, vae_tile)
     if x_t is None:
         x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
     x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(dev)
@@ -98,8 +102,6 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     with _stage(timings, "dit_s", dev):
         velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
     del model_in
-    if not parallel.is_driver:
-        return None
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     with _stage(timings, "decode_s", dev):
@@ -117,3 +119,76 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
             fixed = color_fix(decoded[:, a:b].float(), video[:, a:b], color_method)
             out[a:b] = uint8_frames(fixed, geometry, b - a)
     return out
+
+
+def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention, timings, noise):
+    """restore_batch over the ranks of `parallel` (the module docstring): the same numbers as one rank (the VAE's
+    slices, the posterior sample, the colour fix and the quantisation are per slice or per element; only the DiT's
+    text sums run in another order)."""
+    dev = c.device
+    n = frames.shape[0]
+    padded = padded_frame_count(n)
+    t_lat = (padded - 1) // 4 + 1
+    h, w = geometry.model[0] // 8, geometry.model[1] // 8
+    eps, x_t = noise if noise is not None else (None, None)
+    if eps is None:  # drawn whole on every rank, in the one-rank order (eps, then x_T); each rank reads its slices
+        eps = torch.randn((1, 16, t_lat, h, w), generator=generator, dtype=torch.float32)
+    eps = _given(eps, (1, 16, t_lat, h, w), "posterior")
+    enc = vae_shard.encode_plan(padded, parallel.world)
+    dec = vae_shard.decode_plan(t_lat, parallel.world)
+    assert dec.out_spans == enc.spans  # a rank decodes the frames it encoded: its input frames serve the colour fix
+    mine = enc.slices_of(parallel.rank)
+    with _stage(timings, "prepare_s", dev):  # this rank's model frames only (frames past the end: the last one)
+        refs = {j: prepare_frames(frames[torch.arange(*enc.spans[j]).clamp_(max=n - 1)], geometry, dtype=c.vae_dtype,
+                                  device=dev) for j in mine}
+    with _stage(timings, "encode_s", dev):
+        latents = {}
+        for j, (a, b), mean, logvar in vae_shard.encode_pieces(c.vae, parallel, enc, lambda j: refs[j][None]):
+            part = eps[:, :, a:b].to(mean.device)
+            latent = (mean.float() + torch.exp(0.5 * logvar.float()) * part) * LATENT_SCALE
+            latents[j] = latent[0].permute(1, 2, 3, 0).contiguous()  # [t, h, w, 16]
+        empty = torch.empty((0, h, w, 16), dtype=torch.float32, device=dev)
+        cond = vae_shard.gather_pieces(parallel, enc, [b - a for a, b in enc.out_spans], latents, empty, to_all=True)
+        del latents
+    if x_t is None:
+        x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
+    x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(dev)
+    model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    del cond
+    routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
+    with _stage(timings, "dit_s", dev):
+        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
+        if parallel.is_driver:
+            velocity = velocity.to(c.dtype).contiguous()
+        else:
+            velocity = torch.empty((t_lat, h, w, 16), dtype=c.dtype, device=dev)
+        parallel.broadcast_from_driver(velocity)  # every rank decodes its own slices of x0
+    del model_in
+    x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
+    del velocity, x_t
+    z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)
+    del x0
+    top, left, out_h, out_w = geometry.box
+    counts = [max(0, min(b, n) - a) for a, b in dec.out_spans]  # frames past the input's end are dropped
+    pieces = {}
+    decoded = vae_shard.decode_pieces(c.vae, parallel, dec, z)
+    while True:
+        with _stage(timings, "decode_s", dev):
+            item = next(decoded, None)
+        if item is None:
+            break
+        j, _, y = item
+        keep = counts[j]
+        ref = refs.pop(j)
+        piece = torch.empty((keep, out_h, out_w, 3), dtype=torch.uint8, device=dev)
+        step = max(1, CHUNK_BYTES // (8 * 4 * y[0, :, 0].numel()))
+        with _stage(timings, "color_fix_s", dev):
+            for a in range(0, keep, step):
+                b = min(keep, a + step)
+                fixed = color_fix(y[0, :, a:b].float(), ref[:, a:b], color_method)
+                piece[a:b] = uint8_frames(fixed, geometry, b - a)
+        pieces[j] = piece
+        del y, ref
+    with _stage(timings, "gather_s", dev):
+        empty = torch.empty((0, out_h, out_w, 3), dtype=torch.uint8, device=dev)
+        return vae_shard.gather_pieces(parallel, dec, counts, pieces, empty)
