@@ -5,6 +5,7 @@ x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 =
     python bench/seedvr2.py dit [--naive]          # our DiT step vs a straightforward port of the official forward
     python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
     python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
+    python bench/seedvr2.py vae_tiling --tiles 1024 512   # tiled vs whole VAE: error, time, peak; --tiny on the CPU
 
 Stages print one JSON line each (also appended to --json)."""
 
@@ -37,7 +38,7 @@ def grid_for(frames: int, height: int, width: int, scale: float) -> tuple[int, i
 
 
 def emit(args, record: dict) -> None:
-    record.update(device=torch.cuda.get_device_name(), torch=torch.__version__)
+    record.update(device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", torch=torch.__version__)
     line = json.dumps(record)
     print(line, flush=True)
     if args.json:
@@ -274,9 +275,97 @@ def stage_sp(args) -> None:
     mp.spawn(_sp_rank, args=(args.world, args, 29641), nprocs=args.world, join=True)
 
 
+# ---- VAE spatial tiling: tiled vs whole -----------------------------------------------------------------------------
+
+def _measured(dev, fn):
+    """(result, seconds, peak GiB above what was allocated before) of fn(); (None, msg, None) when it runs out of
+    memory."""
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+    base = torch.cuda.memory_allocated(dev) if cuda else 0
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except torch.cuda.OutOfMemoryError as exc:
+        return None, "out of memory: " + str(exc).splitlines()[0][:100], None
+    if cuda:
+        torch.cuda.synchronize(dev)
+    peak = (torch.cuda.max_memory_allocated(dev) - base) / 2**30 if cuda else None
+    return out, round(time.perf_counter() - t0, 3), None if peak is None else round(peak, 2)
+
+
+def _errors(prefix: str, a: torch.Tensor, b: torch.Tensor, levels: bool = False) -> dict:
+    """rel (||a - b|| / ||b||), max abs and, for videos, the difference in uint8 levels of [-1, 1]."""
+    a, b = a.float(), b.float()
+    out = {f"{prefix}_rel": rel_err(a, b), f"{prefix}_max_abs": round(float((a - b).abs().max()), 4)}
+    if levels:
+        d = ((a.clamp(-1, 1) + 1) * 127.5).round() - ((b.clamp(-1, 1) + 1) * 127.5).round()
+        d = d.abs().flatten()
+        out.update({f"{prefix}_u8_mean": round(float(d.mean()), 3), f"{prefix}_u8_max": int(d.max()),
+                    f"{prefix}_u8_over2_frac": float((d > 2).float().mean())})
+    return out
+
+
+def stage_vae_tiling(args) -> None:
+    """The VAE (random weights drawn as the tiny files' are) at an upscale's output size: whole frames, then tiled with
+    each --tiles size, with the frame's GroupNorm statistics (the default) and with each tile's own: errors against
+    the whole pass, time and peak memory of each pass, and the memory model's bytes for it. A whole pass that runs
+    out of memory is reported and the tiled ones still run (their errors then cannot be taken)."""
+    from comfyui_h3.backend.models.seedvr2 import vae_tiling as vt
+    from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
+    from comfyui_h3.backend.pipelines.seedvr2 import memory
+
+    from comfyui_h3.backend.models.seedvr2.tiny import _random_state
+
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    vae = SeedVR2VAE(VAEConfig.tiny() if args.tiny else VAEConfig.released())
+    # the tiny files' draw (weights N(0, 1/fan_in), norms near 1): activations keep their scale through the depth,
+    # as in a trained VAE; the modules' default init shrinks them layer by layer
+    vae.load_state_dict(_random_state(vae, torch.Generator().manual_seed(2)))
+    vae = vae.to(dev, dtype).eval().requires_grad_(False)
+    oh, ow = round(args.height * args.scale) // 16 * 16, round(args.width * args.scale) // 16 * 16
+    frames = args.vae_frames
+    video = smooth_video(frames, oh, ow).to(dev).permute(3, 0, 1, 2)[None].to(dtype).div_(127.5).sub_(1)
+    base = {"stage": "vae_tiling", "vae": "tiny" if args.tiny else "released", "dtype": str(dtype)[6:],
+            "frames": frames, "size": [oh, ow]}
+    enc, enc_s, enc_peak = _measured(dev, lambda: vae.encode(video))
+    z = None if enc is None else enc[0]
+    dec, dec_s, dec_peak = (None, "no latent", None) if z is None else _measured(dev, lambda: vae.decode(z))
+    model = memory.vae_bytes(frames, oh, ow, 2)
+    emit(args, {**base, "tile": 0, "encode_s": enc_s, "encode_peak_gib": enc_peak, "decode_s": dec_s,
+                "decode_peak_gib": dec_peak, "model_encode_gib": round(model[0] / 2**30, 2),
+                "model_decode_gib": round(model[1] / 2**30, 2)})
+    for tile in args.tiles:
+        rows, cols = vt._plan(oh // 8, ow // 8, tile, args.overlap, 8)
+        for frame_stats in (True, False):
+            kw = {"overlap": args.overlap, "frame_stats": frame_stats}
+            t_enc, te_s, te_peak = _measured(dev, lambda: vt.tiled_encode(vae, video, tile, **kw))
+            zt = z if z is not None else (None if t_enc is None else t_enc[0])
+            t_dec, td_s, td_peak = (None, "no latent", None) if zt is None else _measured(
+                dev, lambda: vt.tiled_decode(vae, zt, tile, **kw))
+            model = memory.vae_bytes(frames, oh, ow, 2, tile)
+            record = {**base, "tile": tile, "overlap": args.overlap or vt.default_overlap(tile),
+                      "tiles": [len(rows), len(cols)], "tile_px": [(rows[0][1] - rows[0][0]) * 8,
+                                                               (cols[0][1] - cols[0][0]) * 8],
+                      "frame_stats": frame_stats, "encode_s": te_s, "encode_peak_gib": te_peak, "decode_s": td_s,
+                      "decode_peak_gib": td_peak, "model_encode_gib": round(model[0] / 2**30, 2),
+                      "model_decode_gib": round(model[1] / 2**30, 2)}
+            if enc is not None and t_enc is not None:
+                record.update(_errors("mean", t_enc[0], enc[0]))
+                record.update(_errors("logvar", t_enc[1], enc[1]))
+            if dec is not None and t_dec is not None:
+                record.update(_errors("video", t_dec, dec, levels=True))
+            emit(args, record)
+            del t_enc, t_dec
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=["attention", "dit", "pipeline", "sp"])
+    ap.add_argument("stage", choices=["attention", "dit", "pipeline", "sp", "vae_tiling"])
     ap.add_argument("--variant", default="3b", choices=["3b", "7b"])
     ap.add_argument("--frames", type=int, default=241)
     ap.add_argument("--height", type=int, default=768)
@@ -288,8 +377,13 @@ def main() -> None:
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--skip-single", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--tiles", type=int, nargs="+", default=[1024, 512], help="vae_tiling: tile sizes (px)")
+    ap.add_argument("--overlap", type=int, default=None, help="vae_tiling: overlap (px; default: the module's)")
+    ap.add_argument("--vae-frames", type=int, default=9, help="vae_tiling: frames (4n+1)")
+    ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU (a smoke run)")
     args = ap.parse_args()
-    {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp}[args.stage](args)
+    {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp,
+     "vae_tiling": stage_vae_tiling}[args.stage](args)
 
 
 if __name__ == "__main__":

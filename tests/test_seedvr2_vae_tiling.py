@@ -264,3 +264,23 @@ def test_node_and_cli_pass_the_vae_tile_and_refuse_bad_ones_before_any_work(tmp_
     assert build_request(args).vae_tile == 512
     assert main(["upscale", "--video", src, "--vae-tile", "100", "--out", str(tmp_path / "o.mp4")]) != 0
     assert "VAE tile 100 must be 0" in capsys.readouterr().err and not (tmp_path / "o.mp4").exists()
+
+
+def test_bench_stage_runs_tiny_on_the_cpu():
+    """bench/seedvr2.py vae_tiling --tiny (the H200 run's code on the tiny VAE): a whole pass, then each tile with
+    frame and with tile statistics, errors measured against the whole pass."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "seedvr2.py"
+    done = subprocess.run([sys.executable, str(script), "vae_tiling", "--tiny", "--height", "24", "--width", "40",
+                           "--scale", "2", "--tiles", "32", "--overlap", "16", "--vae-frames", "5"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [(r["tile"], r.get("frame_stats")) for r in lines] == [(0, None), (32, True), (32, False)]
+    assert lines[0]["size"] == [48, 80] and lines[1]["tiles"] == [2, 4]
+    for r in lines[1:]:
+        assert 0 < r["mean_rel"] < 1 and 0 < r["video_rel"] < 1 and r["video_u8_max"] <= 255
