@@ -188,6 +188,8 @@ def test_memory_counts_the_tile_and_the_refusal_names_it():
     assert whole.decode > budget and tiled.peak < budget
     tile = memory.largest_vae_tile(21, 2160, 3840, 2, budget)
     assert tile % memory.VAE_TILE_STEP == 0
+    UpscaleRequest(_frames(), vae_tile=tile).validate()  # what the message suggests is a valid request
+    assert memory.largest_vae_tile(21, 2160, 3840, 2, 4 * 1024**3) == 0  # the whole-frame tensors alone: none fits
     assert memory.batch_memory(config, 21, *size, vae_tile=tile).peak <= budget
     assert memory.batch_memory(config, 21, *size, vae_tile=tile + memory.VAE_TILE_STEP).peak > budget
     with pytest.raises(RequestError, match=f"single frame \\(the VAE decode\\).*largest VAE tile that fits a batch of "

@@ -15,7 +15,7 @@ the tiled part: a tile's border sees zero padding where the frame goes on (neigh
 pixels, blended by a cosine ramp ``RAMP`` of the overlap wide, centred in it: the outer quarter of each tile's side of
 an overlap, where the padding is felt, gets weight 0; every position's weights sum to 1), and its GroupNorm
 statistics. Measured on the tiny VAE, the statistics are nearly all of the difference (given the whole frame's
-statistics at every tiled GroupNorm, tiled = whole within 2e-4 rel): so by default (``frame_stats``) a first pass
+statistics at every tiled GroupNorm, tiled = whole within 1e-3 rel at 32-64 px overlaps): so by default (``frame_stats``) a first pass
 over the tiles takes each tile's per-(frame, group) moments over the part of the frame it owns and sums them into
 frame statistics, which the second pass normalises with. They are not the whole pass's (the first pass normalised
 with the tiles' own statistics upstream); exact ones would need all tiles to advance layer by layer together, i.e.

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import RequestError
+from .request import MIN_VAE_TILE
 
 GIB = 1024**3
 HEADROOM = 0.90  # of the free memory: the allocator's fragmentation and the kernels' workspaces
@@ -124,13 +125,13 @@ def largest_batch(config, total_frames: int, height: int, width: int, in_height:
 
 
 def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, budget: float) -> int:
-    """The largest VAE tile (a multiple of VAE_TILE_STEP px that cuts the frame) whose encode and decode of a batch
-    of `frames` fit `budget` bytes with the batch's video tensors, or 0 when none does."""
+    """The largest VAE tile (a multiple of VAE_TILE_STEP px, at least MIN_VAE_TILE, that cuts the frame) whose encode
+    and decode of a batch of `frames` fit `budget` bytes with the batch's video tensors, or 0 when none does."""
     padded = ((frames - 1 + 3) // 4) * 4 + 1
     video = 3 * padded * height * width * vae_act_bytes
     tensors = max(video, 2 * video + frames * height * width * 3)
     tile = (max(height, width) - 1) // VAE_TILE_STEP * VAE_TILE_STEP
-    while tile >= VAE_TILE_STEP:
+    while tile >= MIN_VAE_TILE:
         if max(vae_bytes(frames, height, width, vae_act_bytes, tile)) + tensors <= budget:
             return tile
         tile -= VAE_TILE_STEP
