@@ -5,6 +5,7 @@ x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 =
     python bench/seedvr2.py dit [--naive]          # our DiT step vs a straightforward port of the official forward
     python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
     python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
+    python bench/seedvr2.py sp --pipeline --world 2   # the whole upscale on N GPUs (VAE spread too): stages, peak per rank
     python bench/seedvr2.py vae_tiling --tiles 1024 512   # tiled vs whole VAE: error, time, peak; --tiny on the CPU
 
 Stages print one JSON line each (also appended to --json)."""
@@ -222,9 +223,21 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
     from comfyui_h3.backend.parallel.window_shard import ShardedWindowRouting, plan_report
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dev = torch.device("cuda", rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    if args.tiny:  # CPU ranks: a smoke run of the --pipeline code
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    elif args.pipeline:  # the engine's group: NCCL for CUDA tensors, gloo for the Stop flag's CPU all-reduce
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("cpu:gloo,cuda:nccl", rank=rank, world_size=world)
+    else:
+        torch.cuda.set_device(rank)
+        dev = torch.device("cuda", rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
+    if args.pipeline:
+        _sp_pipeline(rank, world, args, dev)
+        dist.destroy_process_group()
+        return
     dtype = torch.bfloat16
     grid = grid_for(args.frames, args.height, args.width, args.scale)
     dit = random_dit(args.variant, dev, dtype)
@@ -269,10 +282,81 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
     dist.destroy_process_group()
 
 
+def _sp_pipeline(rank: int, world: int, args, dev) -> None:
+    """sp --pipeline: the whole upscale on `world` ranks (window SP for the DiT, the VAE spread over the ranks by
+    backend/parallel/vae_shard.py): seconds per stage and peak memory of every rank; unless --skip-single, rank 0 first
+    runs it alone (the one-GPU reference: its stages, and the uint8 difference of the outputs)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from comfyui_h3.backend.attention.registry import get_backend
+    from comfyui_h3.backend.parallel.context import SINGLE, ParallelContext
+    from comfyui_h3.backend.pipelines.seedvr2.pipeline import SeedVR2Pipeline
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+
+    if args.tiny:
+        from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
+        from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
+
+        root = make_tiny_seedvr2(tempfile.mkdtemp(prefix="seedvr2_tiny_"), args.variant)
+        comps = seedvr2_config(root / DIT_FILE.format(variant=args.variant), root / VAE_FILE, root / TEXT_FILE,
+                               dtype="float32", vae_dtype="float32").build_pipeline(0).c
+    else:
+        comps = _Components(args.variant, dev, torch.bfloat16, torch.bfloat16)
+    for t in [*comps.dit.parameters(), *comps.vae.parameters(), comps.text]:  # identical on every rank
+        dist.broadcast(t.data, src=0)
+    cuda = dev.type == "cuda"
+    video = smooth_video(args.frames, args.height, args.width)
+
+    def run(ctx):
+        pipe = SeedVR2Pipeline(comps, SimpleNamespace(parallel=ctx, attention=get_backend("sdpa")))
+        req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True)
+        if cuda:
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        res = pipe.run(req)
+        wall = time.perf_counter() - t0
+        info = {"wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
+                                             for k, v in res.timings.items()}}
+        info["peak_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 2) if cuda else None
+        return res, info
+
+    single = run(SINGLE) if rank == 0 and not args.skip_single else None
+    dist.barrier()
+    res, mine = run(ParallelContext(rank, world))
+    ranks = [None] * world
+    dist.all_gather_object(ranks, mine)
+    if rank == 0:
+        record = {"stage": "sp_pipeline", "variant": args.variant, "world": world, "tiny": args.tiny,
+                  "input": [args.frames, args.height, args.width], "output": list(res.frames.shape),
+                  "batches": res.batches, "wall_s": mine["wall_s"],
+                  "peak_gib_per_rank": [r["peak_gib"] for r in ranks], "ranks": ranks}
+        if single is not None:
+            ref, info = single
+            diff = max_diff = 0
+            for a in range(0, ref.frames.shape[0], 8):  # uint8 levels, a few frames at a time
+                d = (res.frames[a:a + 8].int() - ref.frames[a:a + 8].int()).abs()
+                diff += int((d > 0).sum())
+                max_diff = max(max_diff, int(d.max()))
+            record.update(single=info, speedup=round(info["wall_s"] / mine["wall_s"], 3), u8_max_diff=max_diff,
+                          u8_diff_frac=diff / ref.frames.numel())
+        emit(args, record)
+
+
 def stage_sp(args) -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(_sp_rank, args=(args.world, args, 29641), nprocs=args.world, join=True)
+    if args.tiny and not args.pipeline:
+        raise SystemExit("sp --tiny runs the --pipeline code on CPU ranks: add --pipeline")
+    if args.tiny:
+        from comfyui_h3.backend.executor.mp_executor import _free_port
+
+    port = _free_port() if args.tiny else 29641
+    mp.spawn(_sp_rank, args=(args.world, args, port), nprocs=args.world, join=True)
 
 
 # ---- VAE spatial tiling: tiled vs whole -----------------------------------------------------------------------------
@@ -381,7 +465,9 @@ def main() -> None:
     ap.add_argument("--tiles", type=int, nargs="+", default=[1024, 512], help="vae_tiling: tile sizes (px)")
     ap.add_argument("--overlap", type=int, default=None, help="vae_tiling: overlap (px; default: the module's)")
     ap.add_argument("--vae-frames", type=int, default=9, help="vae_tiling: frames (4n+1)")
-    ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU (a smoke run)")
+    ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU; sp --pipeline: the "
+                    "tiny files on gloo CPU ranks (smoke runs)")
+    ap.add_argument("--pipeline", action="store_true", help="sp: the whole upscale (the VAE spread over the ranks too)")
     args = ap.parse_args()
     {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp,
      "vae_tiling": stage_vae_tiling}[args.stage](args)

@@ -250,3 +250,22 @@ def test_cuda_ranks_equal_one_gpu(tmp_path, backend):
     # The engine's group (NCCL for CUDA tensors) and a gloo-only group, whose exchanges run on host copies.
     world, results = _spawn(tmp_path, 2, None, backend, "cuda")
     _check_vae(world, results, "cuda:0", exact=False)
+
+
+def test_bench_sp_pipeline_runs_tiny_on_cpu_ranks():
+    """bench/seedvr2.py sp --pipeline (the multi-GPU run's code) on the tiny files and 2 gloo CPU ranks: stages and
+    peaks per rank, the one-rank reference and the uint8 difference."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "seedvr2.py"
+    done = subprocess.run([sys.executable, str(script), "sp", "--pipeline", "--tiny", "--world", "2", "--frames", "21",
+                           "--height", "16", "--width", "24", "--batch-frames", "13"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert record["stage"] == "sp_pipeline" and record["output"] == [21, 32, 48, 3] and record["batches"] == 3
+    assert len(record["ranks"]) == 2 and all("gather_s" in r and "decode_s" in r for r in record["ranks"])
+    assert record["u8_max_diff"] <= 1 and record["u8_diff_frac"] <= 1e-3 and "decode_s" in record["single"]
