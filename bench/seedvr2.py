@@ -3,7 +3,7 @@ x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 =
 
     python bench/seedvr2.py attention [--variant 3b] [--frames 241] [--json OUT]
     python bench/seedvr2.py dit [--naive]          # our DiT step vs a straightforward port of the official forward
-    python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
+    python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory [--vae-tile PX]
     python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
     python bench/seedvr2.py sp --pipeline --world 2   # the whole upscale on N GPUs (VAE spread too): stages, peak per rank
     python bench/seedvr2.py vae_tiling --tiles 1024 512   # tiled vs whole VAE: error, time, peak; --tiny on the CPU
@@ -203,7 +203,8 @@ def stage_pipeline(args) -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True)
+    req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True,
+                         vae_tile=args.vae_tile)
     geometry, plan = pipe.plan(req)
     res = pipe.run(req)
     wall = time.perf_counter() - t0
@@ -468,6 +469,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU; sp --pipeline: the "
                     "tiny files on gloo CPU ranks (smoke runs)")
     ap.add_argument("--pipeline", action="store_true", help="sp: the whole upscale (the VAE spread over the ranks too)")
+    ap.add_argument("--vae-tile", type=int, default=0, help="pipeline: the request's VAE tile (px; 0 = off)")
     args = ap.parse_args()
     {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp,
      "vae_tiling": stage_vae_tiling}[args.stage](args)
