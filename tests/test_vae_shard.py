@@ -114,6 +114,13 @@ def _tiny_components(folder):
     return config.build_pipeline(0).c
 
 
+def _on(c, device):
+    c.device = torch.device(device)
+    c.dit.to(device), c.vae.to(device)
+    c.text = c.text.to(device)
+    return c
+
+
 def _restore_frames(frames, seed=3):
     return torch.randint(0, 256, (frames, 16, 24, 3), generator=torch.Generator().manual_seed(seed),
                          dtype=torch.uint8)
@@ -153,10 +160,7 @@ def _rank(rank, world, port, out_dir, tiny_dir, backend="gloo", device_type="cpu
         got = vae_shard.decode(model, ctx, _latents(t).to(device, dtype), step)
         result["decode"][(t, step, str(dtype))] = _cpu(got)
     if tiny_dir is not None:
-        c = _tiny_components(tiny_dir)
-        c.device = device
-        c.dit.to(device), c.vae.to(device)
-        c.text = c.text.to(device)
+        c = _on(_tiny_components(tiny_dir), device)
         for frames, color in RESTORES:
             out, stages = _restore(c, ctx, frames, color)
             result["restore"][(frames, color)] = (_cpu(out), stages)
@@ -185,7 +189,8 @@ def _check_vae(world, results, device="cpu", exact=True):
     def same(a, b):
         if exact:
             return a.dtype == b.dtype and torch.equal(a, b)
-        return a.shape == b.shape and ((a.double() - b.double()).norm() / b.double().norm()).item() <= 1e-5
+        tol = 1e-5 if b.dtype == torch.float32 else 2e-2  # GPU kernels need not repeat bit for bit
+        return a.shape == b.shape and ((a.double() - b.double()).norm() / b.double().norm()).item() <= tol
 
     vae = _vae(device=device)
     with torch.no_grad():
@@ -206,15 +211,24 @@ def test_encode_and_decode_on_gloo_ranks_equal_one_rank_bitwise(ranks):
     _check_vae(*ranks)
 
 
-def test_restore_batch_on_gloo_ranks_equals_one_rank_bitwise(ranks, tiny_dir):
-    world, results = ranks
-    c = _tiny_components(tiny_dir)
+def _check_restore(results, tiny_dir, device="cpu", exact=True):
+    c = _on(_tiny_components(tiny_dir), device)
     for frames, color in RESTORES:
         want, stages = _restore(c, SINGLE, frames, color)
+        want = want.cpu()
         got, got_stages = results[0]["restore"][(frames, color)]
-        assert got.dtype == torch.uint8 and torch.equal(got, want), (frames, color)
+        assert got.dtype == torch.uint8 and got.shape == want.shape, (frames, color)
+        if exact:
+            assert torch.equal(got, want), (frames, color)
+        else:  # GPU kernels: a rounding step at most, rarely
+            diff = (got.int() - want.int()).abs()
+            assert diff.max().item() <= 1 and (diff > 0).float().mean().item() <= 1e-3, (frames, color)
         assert set(stages) <= set(got_stages) and "gather_s" in got_stages
         assert all(res["restore"][(frames, color)][0] is None for res in results[1:])
+
+
+def test_restore_batch_on_gloo_ranks_equals_one_rank_bitwise(ranks, tiny_dir):
+    _check_restore(ranks[1], tiny_dir)
 
 
 def test_engine_on_two_ranks_equals_one(tiny_dir):
@@ -246,10 +260,11 @@ def test_engine_on_two_ranks_equals_one(tiny_dir):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="fewer than 2 CUDA devices on this machine (the gloo CPU "
                     "tests above run the same plans and exchanges)")
 @pytest.mark.parametrize("backend", ["cpu:gloo,cuda:nccl", "gloo"])
-def test_cuda_ranks_equal_one_gpu(tmp_path, backend):
+def test_cuda_ranks_equal_one_gpu(tmp_path, tiny_dir, backend):
     # The engine's group (NCCL for CUDA tensors) and a gloo-only group, whose exchanges run on host copies.
-    world, results = _spawn(tmp_path, 2, None, backend, "cuda")
+    world, results = _spawn(tmp_path, 2, tiny_dir, backend, "cuda")
     _check_vae(world, results, "cuda:0", exact=False)
+    _check_restore(results, tiny_dir, "cuda:0", exact=False)
 
 
 def test_bench_sp_pipeline_runs_tiny_on_cpu_ranks():

@@ -105,7 +105,8 @@ def _world(world: int) -> int:
 
 class RankStream(CausalStream):
     """The CausalStream of one rank's slices of a `SlicePlan` (see the module docstring): `begin(j)` before slice j,
-    `end()` after it. With one rank it is the plain stream (carried frames kept in memory)."""
+    `end()` after it, `finish()` after the last. With one rank it is the plain stream (carried frames kept in
+    memory)."""
 
     def __init__(self, ctx: ParallelContext, plan: SlicePlan, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
         super().__init__(chunk_bytes)
@@ -114,7 +115,8 @@ class RankStream(CausalStream):
         self.ctx, self.plan = ctx, plan
         self.slice = -1
         self._calls = 0  # causal convs run in this slice: the message tag (the same conv on both sides)
-        self._sends: List[Tuple[_Batch, torch.Tensor]] = []  # tensors kept alive until their batch is done
+        self._sends: List[Tuple[_Batch, torch.Tensor]] = []  # this slice's sends (tensors kept alive)
+        self._older: List[Tuple[_Batch, torch.Tensor]] = []  # the previous slice's, waited for when this one ends
         self._next: Dict[torch.nn.Module, Tuple[_Batch, torch.Tensor]] = {}  # rank 0: its next slice's heads
 
     def begin(self, j: int) -> None:
@@ -125,9 +127,16 @@ class RankStream(CausalStream):
         self.keep = j + 1 < self.plan.count  # a later slice takes this slice's leftover frames
 
     def end(self) -> None:
-        for batch, _ in self._sends:
+        """A slice is done. Its sends are waited for when the next one ends: by then they have long arrived, and no
+        rank stalls at a slice border for its neighbours' last convs (rank 0's batches also hold the receives of
+        its next slice's heads)."""
+        for batch, _ in self._older:
             batch.wait()
-        self._sends.clear()
+        self._older, self._sends = self._sends, []
+
+    def finish(self) -> None:
+        self.end()
+        self.end()
 
     # -- one causal conv --------------------------------------------------------------------------------------------
     def extend(self, conv, x: torch.Tensor, pre) -> TimeExtended:
@@ -253,6 +262,7 @@ def encode_pieces(vae, ctx: ParallelContext, plan: SlicePlan, source: Callable[[
         stream.end()
         mean, logvar = moments.chunk(2, dim=1)
         yield j, plan.out_spans[j], mean, logvar.clamp(*LOGVAR_RANGE)
+    stream.finish()
 
 
 def decode_pieces(vae, ctx: ParallelContext, plan: SlicePlan, z: torch.Tensor,
@@ -271,6 +281,7 @@ def decode_pieces(vae, ctx: ParallelContext, plan: SlicePlan, z: torch.Tensor,
         y = vae.decoder(z[:, :, a:b].to(_dtype(vae)), stream)
         stream.end()
         yield j, plan.out_spans[j], y
+    stream.finish()
 
 
 def gather_pieces(ctx: ParallelContext, plan: SlicePlan, counts: Sequence[int], pieces: Mapping[int, torch.Tensor],
