@@ -100,7 +100,9 @@ def batch_memory(config, frames: int, height: int, width: int, in_height: int, i
     tokens = latent_frames(frames) * (height // 16) * (width // 16)
     per_rank = -(-tokens // world) * (11 if world > 1 else 10) // 10
     padded = ((frames - 1 + 3) // 4) * 4 + 1
-    video = 3 * padded * height * width * vae_act_bytes  # the model-size input, alive until the colour fix
+    # The model-size input, alive until the colour fix; with several ranks each holds only its own time slices'
+    # frames (and decodes only those), while rank 0 receives the whole uint8 result.
+    video = -(-3 * padded * height * width * vae_act_bytes // world)
     encode, decode = vae_bytes(frames, height, width, vae_act_bytes, vae_tile)
     return BatchMemory(
         frames=frames,
