@@ -120,7 +120,7 @@ class AdaLNCache:
         # `.data`, not new Parameters: the Parameter objects stay the same for whatever holds them (block streaming).
         for lin in self._linears:
             for p in (lin.weight, lin.bias):
-                p.data = p.data.new_empty(0)
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)  # on the engine's device, whatever held it
 
     def _on_device(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(t.to(self.device, non_blocking=True) for t in self._host[j])
