@@ -116,7 +116,6 @@ class RankStream(CausalStream):
         self.slice = -1
         self._calls = 0  # causal convs run in this slice: the message tag (the same conv on both sides)
         self._sends: List[Tuple[_Batch, torch.Tensor]] = []  # this slice's sends (tensors kept alive)
-        self._older: List[Tuple[_Batch, torch.Tensor]] = []  # the previous slice's, waited for when this one ends
         self._next: Dict[torch.nn.Module, Tuple[_Batch, torch.Tensor]] = {}  # rank 0: its next slice's heads
 
     def begin(self, j: int) -> None:
@@ -127,12 +126,15 @@ class RankStream(CausalStream):
         self.keep = j + 1 < self.plan.count  # a later slice takes this slice's leftover frames
 
     def end(self) -> None:
-        """A slice is done. Its sends are waited for when the next one ends: by then they have long arrived, and no
-        rank stalls at a slice border for its neighbours' last convs (rank 0's batches also hold the receives of
-        its next slice's heads)."""
-        for batch, _ in self._older:
-            batch.wait()
-        self._older, self._sends = self._sends, []
+        """A slice is done: its last sends are waited for here. A send buffer is the (kernel - stride) frames a
+        conv carries; at 2688x1536 one set over all full-resolution convs is ~30 GiB in bf16, so keeping a whole
+        slice's sends (or two slices') alive ran rank 0 out of memory on an H200 (with its next round's heads on
+        top). The wait costs no stall: the receiver is at most one conv behind (it needs these frames to go on)."""
+        self._wait_sends(keep=0)
+
+    def _wait_sends(self, keep: int) -> None:
+        while len(self._sends) > keep:
+            self._sends.pop(0)[0].wait()
 
     def finish(self) -> None:
         self.end()
@@ -201,6 +203,7 @@ class RankStream(CausalStream):
             ops.append(dist.P2POp(dist.irecv, buf, _global(group, src), group, tag))
         if not ops:
             return _Batch([]), None
+        self._wait_sends(keep=1)  # at most the previous conv's send in flight beside this one (memory, above)
         batch = _Batch(dist.batch_isend_irecv(ops))
         if out is not None:
             self._sends.append((batch, out))

@@ -32,6 +32,9 @@ GIB = 1024**3
 HEADROOM = 0.90  # of the free memory: the allocator's fragmentation and the kernels' workspaces
 ENCODE_BYTES_PER_PIXEL = 10_000  # bf16; scaled by the VAE dtype's width
 DECODE_BYTES_PER_PIXEL = 17_000
+# One set of the causal convs' carried frames (2 per 3x3x3 conv, mostly the full-resolution ones), bf16: ~31 GiB at
+# 2688x1536 by the decoder's channel counts (estimated; the 2-GPU whole-upscale run is still to be measured).
+CARRY_BYTES_PER_PIXEL = 7_500
 LATENT_GRID_BYTES_PER_PIXEL = 600  # bf16: a tiled pass's whole-frame latent-grid work (mid block, carried frames)
 VAE_GRID_CHANNELS = 512  # the released VAE's channels at the latent grid (what tiling keeps whole)
 VAE_TILE_STEP = 64  # the largest tile that fits is searched in steps of this many pixels
@@ -104,6 +107,9 @@ def batch_memory(config, frames: int, height: int, width: int, in_height: int, i
     # frames (and decodes only those), while rank 0 receives the whole uint8 result.
     video = -(-3 * padded * height * width * vae_act_bytes // world)
     encode, decode = vae_bytes(frames, height, width, vae_act_bytes, vae_tile)
+    if world > 1:  # a rank also holds the carried frames it sends on and (rank 0) its next round's heads
+        carry = int(CARRY_BYTES_PER_PIXEL * vae_act_bytes / 2 * height * width)
+        encode, decode = encode + carry, decode + carry
     return BatchMemory(
         frames=frames,
         dit=per_rank * dit_token_bytes(config, act_bytes) + dit_chunk_bytes(config, act_bytes) + video,
