@@ -87,7 +87,9 @@ class Engine:
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         _touch(self.config)  # before our own lock: eviction takes the registry's lock, then an engine's
         with self._lock:
+            was_started = self.started
             self.start(should_cancel)
+            load_s = None if was_started else _load_seconds(self._executor)  # this request started the engine
             runner = self._executor.run(self.config.family, request, should_cancel)
             try:
                 while True:
@@ -95,7 +97,7 @@ class Engine:
                     if progress is not None:
                         progress(event.done, event.total)
             except StopIteration as stop:
-                return stop.value
+                return _with_engine_manifest(stop.value, self.config, load_s)
             except WorkerFailed as exc:
                 failure = exc.failure
                 if failure.kind == "request":
@@ -135,6 +137,22 @@ class Engine:
                 self._executor = None
         finally:
             self._lock.release()
+
+
+def _load_seconds(executor) -> float | None:
+    """The slowest rank's load time (the engine was ready when the last rank was)."""
+    ready = getattr(executor, "ready", None) or []
+    return max((float(r.load_s) for r in ready), default=None)
+
+
+def _with_engine_manifest(result, config: EngineConfig, load_s: float | None):
+    """A family's result with a stage manifest (a dict attribute `manifest`) gets the engine's fields."""
+    manifest = getattr(result, "manifest", None)
+    if isinstance(manifest, dict):
+        from .manifest import engine_part
+
+        engine_part(manifest, config, load_s)
+    return result
 
 
 def worker_cause(failure) -> str:

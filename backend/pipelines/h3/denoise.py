@@ -37,10 +37,11 @@ def stop_at_boundary(should_stop: Callable[[], bool] | None, parallel: ParallelC
 def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, parallel: ParallelContext = SINGLE,
             attention=None, on_step: StepCallback | None = None,
             should_stop: Callable[[], bool] | None = None,
-            adaln: AdaLNCache | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            adaln: AdaLNCache | None = None, recorder=None) -> tuple[torch.Tensor, torch.Tensor]:
     """video rows [Nv, 96] / audio rows [Na, 32] float32 on the DiT's device, in the layout's row order (condition
     rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan).
-    `adaln`: the DiT's AdaLN table cache (None: direct projection)."""
+    `adaln`: the DiT's AdaLN table cache (None: direct projection). `recorder`: the request's StageRecorder
+    (manifest.py): a marker per step boundary, no sync in the loop; None: not timed."""
     layout = plan.layout
     if video.shape[0] != layout.video_indices.numel() or audio.shape[0] != layout.audio_indices.numel():
         raise RuntimeError(f"Rows do not match the layout: video {video.shape[0]} vs {layout.video_indices.numel()}, "
@@ -54,6 +55,8 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
     vi, ai = dl.video_indices[ncv:], dl.audio_indices[nca:]
     sched, n = plan.schedule, plan.steps
     with planned_steps(plan, adaln, parallel, should_stop) as steps:
+        if recorder is not None:
+            recorder.steps_begin()
         for i in range(n):
             stop_at_boundary(should_stop, parallel, i, n)
             ts, row_index, segments, modulation = steps.step(i, shard)
@@ -67,6 +70,10 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
                                     sched.video_sigmas[i + 1])
             audio[nca:] = flow_step(audio[nca:], x_a[nca:], a_pred[0, nca:], t[ai], sched.audio_sigmas[i],
                                     sched.audio_sigmas[i + 1])
+            if recorder is not None:
+                recorder.step_done()
             if on_step is not None:
                 on_step(i + 1, n)
+        if recorder is not None:
+            recorder.steps_end()
     return video, audio

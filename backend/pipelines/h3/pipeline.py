@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from ...errors import RequestError
+from ...manifest import StageRecorder, pipeline_part
 from ...parallel.context import SINGLE, ParallelContext
 from .components import H3Components
 from .denoise import denoise
@@ -37,8 +38,14 @@ class H3Pipeline:
 
     @torch.no_grad()
     def run(self, req, on_step: StepCallback | None = None, should_stop: Callable[[], bool] | None = None) -> H3Result:
-        """An H3Request (t2va / fl2va / ref2va / edit, by its inputs) or an H3ExtendRequest."""
-        return TASKS[req.task](self, req, on_step, should_stop)
+        """An H3Request (t2va / fl2va / ref2va / edit, by its inputs) or an H3ExtendRequest. The result carries
+        its stage manifest (backend/manifest.py; every rank gathers the peaks, rank 0's is the one returned)."""
+        self.recorder = StageRecorder(self.c.device)
+        result = TASKS[req.task](self, req, on_step, should_stop)
+        result.manifest = pipeline_part(
+            self.recorder, self.parallel, kind=req.task, family="h3", task=req.task, shapes=_shapes(result),
+            seed=req.seed, steps=req.steps, timings=result.timings, adaln=self.c.adaln_report())
+        return result
 
     def denoise(self, dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor,
                 on_step: StepCallback | None = None,
@@ -49,13 +56,20 @@ class H3Pipeline:
         shard = self.parallel.rows(plan.layout.seq_len)
         self.c.enter_dit(dit, plan.layout.seq_len if shard is None else shard.local_len, plan.layout.seq_len)
         return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
-                       adaln=self.c.adaln_cache(dit))
+                       adaln=self.c.adaln_cache(dit), recorder=getattr(self, "recorder", None))
 
     def encode_text(self, encode: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank 0 runs `encode` (it alone holds the text encoder) and broadcasts the embeddings [1, Nt, D] and tags
         [Nt] (host); with one rank this is just `encode()`. When `encode` fails on rank 0 (a reference the processor
         refuses, say) every rank raises: a RequestError as a RequestError with rank 0's message, anything else as a
         RuntimeError, so no rank is left waiting in a broadcast of a job that has already failed."""
+        recorder = getattr(self, "recorder", None)
+        if recorder is not None:  # rank 0's encode (and, with several ranks, the broadcast) is the text stage
+            with recorder.stage("text_encode_s"):
+                return self._encode_text(encode)
+        return self._encode_text(encode)
+
+    def _encode_text(self, encode):
         p = self.parallel
         if not p.is_parallel:
             return encode()
@@ -88,3 +102,17 @@ class H3Pipeline:
         p.broadcast_from_driver(text)
         p.broadcast_from_driver(tags_dev)
         return text, tags_dev.cpu()
+
+
+def _shapes(result: H3Result) -> dict:
+    """The request's sizes as they ran (latent grids; frames [F, H, W] and audio samples when decoded)."""
+    shapes = {"video_latents": list(result.video_latents.shape), "audio_latents": list(result.audio_latents.shape)}
+    if result.frames is not None:
+        shapes["frames"] = list(result.frames.shape[:3])
+    if result.audio is not None:
+        shapes["audio_samples"] = int(result.audio.shape[-1])
+    info = result.extend or result.edit or {}
+    for key in ("width", "height", "num_frames"):
+        if isinstance(info.get(key), int):
+            shapes[key] = info[key]
+    return shapes

@@ -157,6 +157,7 @@ class H3Result:
     timings: dict = field(default_factory=dict)
     edit: dict | None = None  # task "edit": masks on the latent grids, source latents, resolved preset values
     extend: dict | None = None  # task "extend": windows, frame counts, output path
+    manifest: dict | None = None  # the stage manifest (backend/manifest.py), filled by the pipeline and the engine
 
 
 @dataclass

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 
 from ...errors import Cancelled, RequestError
+from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink
 from .batches import StreamBlender, plan_batches
 from .memory import check_fits
@@ -67,6 +68,7 @@ class SeedVR2Pipeline:
             should_stop: Callable[[], bool] | None = None) -> UpscaleResult:
         req.validate()
         t0 = time.perf_counter()
+        recorder = StageRecorder(self.c.device)
         geometry, plan = self.plan(req)
         out_h, out_w = geometry.output
         p = self.parallel
@@ -84,8 +86,10 @@ class SeedVR2Pipeline:
         routing_for = self._routing_for()
         timings: dict = {"batches": plan.count, "batch_frames": plan.batch}
         done = 0
+        batch_s = []
         try:
             for k, (start, stop) in enumerate(plan.spans):
+                tb = time.perf_counter()
                 if p.any(should_stop is not None and should_stop()):
                     raise Cancelled(f"Stopped before batch {k + 1}/{plan.count}.")
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
@@ -96,6 +100,7 @@ class SeedVR2Pipeline:
                     for chunk in blender.push(frames):
                         sink.write(chunk)
                 done = k + 1
+                batch_s.append(time.perf_counter() - tb)
                 if on_step is not None:
                     on_step(done, plan.count)
         except Cancelled as exc:
@@ -110,10 +115,28 @@ class SeedVR2Pipeline:
             timings["peak_device_mb"] = torch.cuda.max_memory_allocated(self.c.device) / 2**20
         frames = None
         if sink is not None:
-            sink.close()
+            with recorder.stage("encode_save_s"):  # the streamed file's tail (the rest overlaps the batches)
+                sink.close()
             if isinstance(sink, MemorySink):
                 frames = sink.result()[0]
-        return UpscaleResult(frames, out_w, out_h, req.num_frames, plan.count, req.output_path, timings=timings)
+        result = UpscaleResult(frames, out_w, out_h, req.num_frames, plan.count, req.output_path, timings=timings)
+        result.manifest = self._manifest(req, recorder, geometry, plan, timings, batch_s)
+        return result
+
+    def _manifest(self, req, recorder, geometry, plan, timings: dict, batch_s: list) -> dict:
+        """The request's manifest (every rank gathers the peaks). Stage seconds beyond the total come from the
+        request's `timings=True` path; per-batch host seconds always."""
+        out_h, out_w = geometry.output
+        shapes = {"input": list(req.frames.shape[:3]), "output": [req.num_frames, out_h, out_w],
+                  "model": list(geometry.model), "batches": plan.count, "batch_frames": plan.batch}
+        stage_timings = {"total_s": timings["total_s"]}
+        if "decode_s" in timings:
+            stage_timings["decode_s"] = timings["decode_s"]
+        m = pipeline_part(recorder, self.parallel, kind="upscale", family="seedvr2", task="upscale", shapes=shapes,
+                          seed=req.seed, steps=1, timings=stage_timings)
+        m["extra_stages"] = {k: v for k, v in timings.items() if k.endswith("_s") and k not in ("total_s", "decode_s")}
+        m["extra_stages"]["batch_s"] = list(batch_s)
+        return m
 
     @staticmethod
     def _finish_partial(sink, blender, done: int, planned: int) -> dict:

@@ -100,3 +100,4 @@ class UpscaleResult:
     path: str | None = None
     stopped: bool = False
     timings: dict = field(default_factory=dict)
+    manifest: dict | None = None  # the stage manifest (backend/manifest.py), filled by the pipeline and the engine

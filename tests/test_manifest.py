@@ -1,0 +1,103 @@
+"""The stage manifest (backend/manifest.py): tiny H3 t2va and tiny SeedVR2 upscale carry one with their stages and
+sane numbers; the engine adds its fields; 2 gloo ranks give one peak entry per rank; the CLI's --manifest writes
+`<out>.manifest.json` beside the output and never overwrites; H3 Save Video writes it beside the MP4."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from comfyui_h3.backend import manifest as mf
+from comfyui_h3.backend.engine import Engine
+from comfyui_h3.backend.pipelines.h3.family import h3_config
+from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+STEPS = 3
+
+
+def t2va(**kw):
+    base = dict(prompt="thunder over hills", num_frames=124, steps=STEPS, seed=9, width=64, height=64, decode=True)
+    base.update(kw)
+    return H3Request(**base)
+
+
+def _check_common(m, steps):
+    assert m["schema"] == mf.SCHEMA
+    assert set(m) == set(mf.new_manifest())  # the schema's keys, no more, no fewer
+    stages = m["stages"]
+    assert stages["total_s"] > 0
+    assert len(stages["denoise_steps_s"]) == steps
+    assert all(s > 0 for s in stages["denoise_steps_s"])
+    assert m["peak_memory"] and all(p["peak_host_rss_bytes"] > 0 for p in m["peak_memory"])
+    json.loads(mf.dumps(m))  # JSON-able as it stands
+
+
+@pytest.fixture(scope="module")
+def h3_pipe(tiny_h3_dir):
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+
+
+def test_h3_t2va_manifest_has_every_stage(h3_pipe):
+    result = h3_pipe.run(t2va())
+    m = result.manifest
+    _check_common(m, STEPS)
+    s = m["stages"]
+    assert s["text_encode_s"] > 0 and s["condition_encode_s"] >= 0 and s["decode_s"] > 0
+    assert sum(s["denoise_steps_s"]) <= s["denoise_s"] + 1e-6  # the steps are inside the denoise stage
+    assert s["total_s"] >= s["text_encode_s"] + s["denoise_s"] + s["decode_s"] - 1e-6
+    assert m["request"] == {"kind": "t2va", "family": "h3", "task": "t2va", "seed": 9, "steps": STEPS,
+                            "shapes": m["request"]["shapes"]}
+    assert m["request"]["shapes"]["frames"] == list(result.frames.shape[:3])
+    assert m["peak_memory"] == [m["peak_memory"][0]] and m["peak_memory"][0]["rank"] == 0
+    assert m["peak_memory"][0]["peak_device_bytes"] is None  # CPU: no device counter
+    assert m["adaln_cache"] is None  # direct projection
+    assert "s/step" in mf.summary(m) and "GiB" not in mf.summary(m)  # no device peak on the CPU
+
+
+def test_seedvr2_upscale_manifest(tmp_path):
+    from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
+    from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+
+    root = make_tiny_seedvr2(tmp_path / "m", "3b")
+    pipe = seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
+                          dtype="float32", vae_dtype="float32").build_pipeline(0)
+    video = torch.randint(0, 256, (13, 16, 24, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    result = pipe.run(UpscaleRequest(video, scale=2.0, batch_frames=9, overlap=4, timings=True))
+    m = result.manifest
+    _check_common(m, 0)
+    assert m["request"]["kind"] == "upscale" and m["request"]["family"] == "seedvr2"
+    assert m["request"]["shapes"]["output"] == [13, 32, 48]
+    assert len(m["extra_stages"]["batch_s"]) == result.batches == 2
+    assert all(m["extra_stages"][k] > 0 for k in ("encode_s", "dit_s", "color_fix_s"))
+    assert m["stages"]["decode_s"] > 0
+
+
+def test_engine_fills_its_fields_and_two_gloo_ranks_give_two_peaks(tiny_h3_dir):
+    engine = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        first = engine.generate(t2va(steps=2, decode=False)).manifest
+        second = engine.generate(t2va(steps=2, decode=False)).manifest
+    finally:
+        engine.shutdown()
+    _check_common(first, 2)
+    assert [p["rank"] for p in first["peak_memory"]] == [0, 1]
+    assert all(p["device"] == "cpu" for p in first["peak_memory"])
+    e = first["engine"]
+    assert e["family"] == "h3" and e["sp_degree"] == 2 and e["devices"] == ["cpu", "cpu"]
+    assert e["weights"]["adaln"] == "direct" and e["attention"]
+    assert e["load_s"] > 0 and second["engine"]["load_s"] is None  # only the request that started the engine
+    assert first["versions"]["torch"] == torch.__version__
+
+
+def test_write_new_never_overwrites(tmp_path):
+    target = tmp_path / "out.mp4.manifest.json"
+    target.write_text("mine")
+    with pytest.raises(FileExistsError, match="out.mp4.manifest.json"):
+        mf.write_new(str(target), mf.new_manifest())
+    assert target.read_text() == "mine"
+    fresh = mf.write_new(str(tmp_path / "b.json"), mf.new_manifest())
+    assert json.load(open(fresh))["schema"] == mf.SCHEMA
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "out.mp4.manifest.json"]  # no temporaries
