@@ -99,6 +99,8 @@ def _latents_option(p, what: str = "the final latents") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .cli_manifest import add_manifest_option
+
     p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.",
                                 formatter_class=_HelpFormatter)
     commands = p.add_subparsers(dest="command", required=True)
@@ -128,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--height", type=int, help="Multiple of 32, with --width.")
     _sampling_options(g)
     _device_options(g)
+    add_manifest_option(g)
     g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
     _latents_option(g)
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
@@ -148,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--mask-grow", type=int, default=None, help="Pixels; default: the preset's.")
     e.add_argument("--mask-feather", type=int, default=None, help="Pixels; default: the preset's.")
     _device_options(e)
+    add_manifest_option(e)
     e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
     _latents_option(e)
 
@@ -169,6 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     _sampling_options(x, "Denoising steps per window.")
     x.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
     _device_options(x)
+    add_manifest_option(x)
     x.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
     _latents_option(x, "the latents of the whole result")
 
@@ -201,6 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")
     u.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
+    add_manifest_option(u)
     u.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
 
     r = command("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")

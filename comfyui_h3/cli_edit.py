@@ -64,11 +64,13 @@ def edit(args, model_dir) -> int:
     """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .backend.media.save import write_mp4
     from .cli_generate import run_on_engine, save_latents_file
+    from .cli_manifest import plan_manifest, timed_save, write_manifest
     from .cli_outputs import CliOutputs
 
     outputs = CliOutputs()  # checked now, written to temporaries, published together
     latents = outputs.add(args.save_latents) if args.save_latents else None
     video = outputs.add(args.out)
+    manifest = plan_manifest(args, outputs, video)
     request = build_request(args)
     request.validate()
     result = run_on_engine(args, model_dir() if callable(model_dir) else model_dir, request, "edit")
@@ -77,8 +79,10 @@ def edit(args, model_dir) -> int:
     with outputs:
         if latents:
             outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
-        outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio, result.sample_rate,
-                                                   reserved=True))
+        with timed_save(result):
+            outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio,
+                                                       result.sample_rate, reserved=True))
+        write_manifest(outputs, manifest, result)
         paths = outputs.publish()
     for path in paths:
         print(path)

@@ -35,6 +35,7 @@ def build_request(args, out_path: str):
 def extend(args, model_dir) -> int:
     """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .cli_generate import run_on_engine, save_latents_file
+    from .cli_manifest import plan_manifest, write_manifest
     from .cli_outputs import CliOutputs
     from .extend_job import keep_partial, partial_prefix_for, window_status
 
@@ -43,6 +44,7 @@ def extend(args, model_dir) -> int:
     outputs = CliOutputs()  # checked now (the partial file goes beside --out), published together at the end
     latents = outputs.add(args.save_latents) if args.save_latents else None
     out = outputs.add(args.out)
+    manifest = plan_manifest(args, outputs, out)
     request = build_request(args, out)
     request.validate()
     model_dir = model_dir() if callable(model_dir) else model_dir
@@ -61,6 +63,7 @@ def extend(args, model_dir) -> int:
             return 130
         if latents:
             outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
+        write_manifest(outputs, manifest, result)  # the file was streamed on the worker (its time: the stages)
         paths = outputs.publish()
     for path in paths:
         print(path)

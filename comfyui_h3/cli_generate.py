@@ -62,6 +62,7 @@ def build_request(args):
 def generate(args, model_dir) -> int:
     """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .backend.media.save import write_mp4
+    from .cli_manifest import finish_manifest, plan_manifest, timed_save, write_manifest
     from .cli_outputs import CliOutputs
 
     if args.no_decode and not args.save_latents:
@@ -71,6 +72,7 @@ def generate(args, model_dir) -> int:
     video = None
     if not args.no_decode:
         video = outputs.add(args.out) if args.out else outputs.add_numbered("output", "h3", ".mp4")
+    manifest = plan_manifest(args, outputs, video or latents)
     request = build_request(args)
     request.validate()
     result = run_on_engine(args, model_dir() if callable(model_dir) else model_dir, request, "denoise")
@@ -80,10 +82,13 @@ def generate(args, model_dir) -> int:
         if latents:
             outputs.write(latents, lambda tmp: save_latents_file(tmp, result))
         if video:
-            outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio,
-                                                       result.sample_rate, reserved=True))
+            with timed_save(result):
+                outputs.write(video, lambda tmp: write_mp4(tmp, result.frames, result.fps, result.audio,
+                                                           result.sample_rate, reserved=True))
+        write_manifest(outputs, manifest, result)
         paths = outputs.publish()
-    for path in paths:
+    extra = finish_manifest(args, paths, result, manifest)
+    for path in paths + ([extra] if extra else []):
         print(path)
     print(f"task {result.task}; timings " + ", ".join(f"{k} {v:.2f}s" for k, v in result.timings.items()),
           file=sys.stderr)

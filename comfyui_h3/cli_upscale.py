@@ -59,12 +59,15 @@ def engine_config(args, files):
 def upscale(args, files) -> int:
     """`files`: a callable giving the (DiT, VAE, text embedding) paths (called once the input and output check out:
     the tiny set may need building)."""
+    from .cli_manifest import plan_manifest, write_manifest
     from .cli_outputs import CliOutputs
     from .extend_job import keep_partial, partial_prefix_for
 
     outputs = CliOutputs()  # checked now (the partial file goes beside --out), published at the end
     out = outputs.add(args.out)
+    manifest = plan_manifest(args, outputs, out)
     request = build_request(args)
+    request.timings = request.timings or bool(manifest)  # the manifest's stage seconds (syncs at stage borders)
     request.validate()
     config = engine_config(args, files)
     with outputs:
@@ -82,6 +85,7 @@ def upscale(args, files) -> int:
             else:
                 print("Stopped before the first frames were final; nothing was written.", file=sys.stderr)
             return 130
+        write_manifest(outputs, manifest, result)
         paths = outputs.publish()
     for path in paths:
         print(path)

@@ -101,3 +101,60 @@ def test_write_new_never_overwrites(tmp_path):
     fresh = mf.write_new(str(tmp_path / "b.json"), mf.new_manifest())
     assert json.load(open(fresh))["schema"] == mf.SCHEMA
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "out.mp4.manifest.json"]  # no temporaries
+
+
+# ---- CLI --manifest ----------------------------------------------------------------------------------------------
+
+def _cli(*args, cwd, env_extra):
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, **env_extra)
+    return subprocess.run([sys.executable, "-m", "comfyui_h3", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _generate(tmp_path, tiny_h3_dir, out, *extra):
+    return _cli("generate", "--model", tiny_h3_dir, "--prompt", "rain on a tin roof", "--seconds", 5, "--width", 64,
+                "--height", 64, "--steps", 2, "--device", "cpu", "--out", out, *extra, cwd=tmp_path,
+                env_extra={"COMFYUI_H3_CACHE": str(tiny_h3_dir.parent)})
+
+
+def test_cli_generate_manifest_beside_the_output_and_never_over_a_file(tmp_path, tiny_h3_dir):
+    out = tmp_path / "clips" / "a.mp4"
+    run = _generate(tmp_path, tiny_h3_dir, out, "--manifest")
+    assert run.returncode == 0, run.stderr
+    side = tmp_path / "clips" / "a.mp4.manifest.json"
+    assert run.stdout.split() == [str(out), str(side)]
+    m = json.loads(side.read_text())
+    assert len(m["stages"]["denoise_steps_s"]) == 2 and m["stages"]["encode_save_s"] > 0
+    assert m["request"]["task"] == "t2va" and m["engine"]["sp_degree"] == 1 and m["engine"]["load_s"] > 0
+    assert sorted(p.name for p in side.parent.iterdir()) == ["a.mp4", "a.mp4.manifest.json"]  # no temporaries
+
+    # A user's file where the manifest would go: refused before any work; nothing written, theirs untouched.
+    out2 = tmp_path / "clips" / "b.mp4"
+    (tmp_path / "clips" / "b.mp4.manifest.json").write_text("user notes")
+    run = _generate(tmp_path, tiny_h3_dir, out2, "--manifest")
+    assert run.returncode == 2 and "b.mp4.manifest.json exists" in run.stderr, run.stderr
+    assert not out2.exists() and (tmp_path / "clips" / "b.mp4.manifest.json").read_text() == "user notes"
+    assert sorted(p.name for p in side.parent.iterdir()) == ["a.mp4", "a.mp4.manifest.json", "b.mp4.manifest.json"]
+
+
+def test_cli_upscale_manifest(tmp_path):
+    from comfyui_h3.backend.media.save import write_mp4
+    from comfyui_h3.tiny_model import ensure_tiny_seedvr2
+
+    cache = tmp_path / "cache"
+    ensure_tiny_seedvr2(cache / "tiny-seedvr2-3b")
+    src = write_mp4(str(tmp_path / "in.mp4"), torch.randint(0, 256, (9, 32, 48, 3), dtype=torch.uint8), 24)
+    out = tmp_path / "up.mp4"
+    run = _cli("upscale", "--video", src, "--scale", 2, "--batch-frames", 5, "--overlap", 2, "--device", "cpu",
+               "--out", out, "--manifest", cwd=tmp_path,
+               env_extra={"COMFYUI_H3_CACHE": str(cache), "COMFYUI_H3_MODELS": ""})
+    assert run.returncode == 0, run.stderr
+    m = json.loads((tmp_path / "up.mp4.manifest.json").read_text())
+    assert m["request"]["kind"] == "upscale" and m["request"]["shapes"]["output"] == [9, 64, 96]
+    assert m["extra_stages"]["dit_s"] > 0 and len(m["extra_stages"]["batch_s"]) == m["request"]["shapes"]["batches"] == 3
+    assert m["engine"]["family"] == "seedvr2"
