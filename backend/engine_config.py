@@ -37,7 +37,7 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Everything checkable before a process starts or a weight moves; the family checks its own part."""
-        from .attention.registry import available
+        from .attention.registry import get_backend
 
         if self.compute_dtype not in DTYPES:
             raise ValueError(f"compute dtype must be one of {DTYPES}, got {self.compute_dtype!r}.")
@@ -53,8 +53,7 @@ class EngineConfig:
         if self.executor == "ray" and self.device not in ("cpu", "cuda"):
             raise ValueError(f"With the ray executor device is 'cpu' or 'cuda' (Ray places each rank on a GPU of its "
                              f"own), got {self.device!r}.")
-        if self.attention not in available():
-            raise ValueError(f"Unknown attention backend {self.attention!r}; available: {', '.join(available())}.")
+        get_backend(self.attention)  # a registered name, or name:options; one clear line otherwise
         self.weights.validate()
         self.family_impl().check(self)
 

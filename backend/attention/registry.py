@@ -23,6 +23,7 @@ class AttentionBackend:
     fn: AttentionFn  # (q, k, v, plan=None) -> out
     description: str
     make_plan: Callable[[Any], Any] | None = None  # per-request layout -> plan; None: the backend needs none
+    configure: Callable[[str], "AttentionBackend"] | None = None  # "name:options" -> a configured backend (vsa)
 
     def __call__(self, q, k, v, plan=None):
         return self.fn(q, k, v, plan)
@@ -32,7 +33,7 @@ class AttentionBackend:
 
 
 _BACKENDS: dict[str, AttentionBackend] = {}
-_BUILTIN_MODULES = (".dispatch",)  # modules whose import registers the shipped backends
+_BUILTIN_MODULES = (".dispatch", ".vsa")  # modules whose import registers the shipped backends
 
 
 def register(backend: AttentionBackend) -> AttentionBackend:
@@ -46,11 +47,18 @@ def _load_builtins() -> None:
 
 
 def get_backend(name: str) -> AttentionBackend:
+    """A registered name, or "name:options" for a backend that takes options (e.g. "vsa:topk=0.1,dense=10")."""
     _load_builtins()
+    base, sep, options = name.partition(":")
     try:
-        return _BACKENDS[name]
+        backend = _BACKENDS[base]
     except KeyError:
         raise ValueError(f"Unknown attention backend {name!r}; available: {', '.join(available())}") from None
+    if not sep:
+        return backend
+    if backend.configure is None:
+        raise ValueError(f"Attention backend {base!r} takes no options, got {name!r}.")
+    return backend.configure(options)
 
 
 def available() -> list[str]:

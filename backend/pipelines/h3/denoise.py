@@ -3,7 +3,8 @@
 
 Once per plan: this rank's rows (`parallel.rows`: Ulysses' contiguous rows, None on one rank), the rotary tables of
 those rows, and the attention backend's per-request plan (`attention.plan_for(layout)`; None for dense backends),
-which every block receives. Per step i:
+which every block receives; a plan with `bind(step_plan)` (VSA) returns the StepPlan to run (its rows reordered
+once for the request) and the plan of each step. Per step i:
   1. Stop at the boundary: asked on any rank, every rank raises Cancelled here (before step i), or none does;
   2. the plan's row timesteps -> distinct t values [K] and each row's index into them -> this rank's AdaLN segments
      (with the AdaLN table cache, adaln_cache.py: every step's tables built before step 1, handed to the forward);
@@ -42,6 +43,10 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
     rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan).
     `adaln`: the DiT's AdaLN table cache (None: direct projection). `recorder`: the request's StageRecorder
     (manifest.py): a marker per step boundary, no sync in the loop; None: not timed."""
+    attention_plan = None if attention is None else attention.plan_for(plan.layout)
+    step_attention = lambda i: attention_plan  # noqa: E731
+    if hasattr(attention_plan, "bind"):  # e.g. VSA: rows in tile order for the whole request, a plan per step
+        plan, step_attention = attention_plan.bind(plan)
     layout = plan.layout
     if video.shape[0] != layout.video_indices.numel() or audio.shape[0] != layout.audio_indices.numel():
         raise RuntimeError(f"Rows do not match the layout: video {video.shape[0]} vs {layout.video_indices.numel()}, "
@@ -50,7 +55,6 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
     dl = layout.to(dev)
     shard = parallel.rows(layout.seq_len)
     rope = request_rope(dit, dl.position_ids, shard)
-    attention_plan = None if attention is None else attention.plan_for(layout)
     ncv, nca = layout.num_condition_video_rows, layout.num_condition_audio_rows
     vi, ai = dl.video_indices[ncv:], dl.audio_indices[nca:]
     sched, n = plan.schedule, plan.steps
@@ -64,7 +68,7 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
             x_v, x_a = (video, audio) if plan.anchors is None else plan.anchors.model_input(video, audio)
             v_pred, a_pred = dit(x_v[None], x_a[None], plan.text, ts, row_index, dl.token_tags, dl.position_ids,
                                  dl.video_indices, dl.audio_indices, dl.text_indices, rope=rope, segments=segments,
-                                 shard=shard, attention_plan=attention_plan, modulation=modulation)
+                                 shard=shard, attention_plan=step_attention(i), modulation=modulation)
             t = ts[row_index]  # each row's timestep, as the model saw it
             video[ncv:] = flow_step(video[ncv:], x_v[ncv:], v_pred[0, ncv:], t[vi], sched.video_sigmas[i],
                                     sched.video_sigmas[i + 1])

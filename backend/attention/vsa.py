@@ -1,0 +1,35 @@
+"""The "vsa" attention backend: Video Sparse Attention over H3's target video (vsa_plan.py: tiles, permutation,
+schedule; vsa_kernel.py: the rule and its kernels). Settings ride on the backend's name, so an engine config stays
+one string: "vsa" (defaults) or "vsa:topk=0.1,dense=0.2" (registry.get_backend parses it)."""
+
+from __future__ import annotations
+
+from .dispatch import _sdpa_cudnn_first
+from .registry import AttentionBackend, register
+from .vsa_kernel import sparse_attention
+from .vsa_plan import VSASettings, make_plan
+
+
+def _attend(q, k, v, plan=None):
+    # No plan (the text refiner, an all-dense request) or a dense step: the dense backend, bit for bit.
+    if plan is None or not plan.sparse:
+        return _sdpa_cudnn_first(q, k, v)
+    return sparse_attention(q, k, v, plan, _sdpa_cudnn_first)
+
+
+def backend(settings: VSASettings) -> AttentionBackend:
+    name = "vsa" if settings == VSASettings() else f"vsa:{settings.spec()}"
+    return AttentionBackend(name, _attend, _DESCRIPTION, lambda layout: make_plan(layout, settings),
+                            configure=lambda options: backend(VSASettings.parse(options)))
+
+
+_DESCRIPTION = ("Video Sparse Attention: target video in 4x4x4 tiles, each video tile attends the prompt/condition "
+                "rows and its top-k tiles (Triton on CUDA), after dense first steps (topk / dense steps: loader "
+                "widgets)")
+
+register(backend(VSASettings()))
+
+
+def spec(topk: float, dense_steps: float) -> str:
+    """The backend name an engine config carries for these settings (checked here, one clear line if bad)."""
+    return backend(VSASettings(float(topk), float(dense_steps))).name

@@ -1,0 +1,176 @@
+"""Video Sparse Attention over rows in tile order (vsa_plan.py): the rule, its float64 reference, the Triton kernel
+and the torch fallback that runs the same rule where Triton or a GPU is absent.
+
+The rule, per (batch, head), with P prefix rows first and T video tiles after them:
+- block scores: mean-pooled Q of each video tile . mean-pooled K of each video tile * d^-1/2 (pooled over the tile's
+  true rows); each video query tile keeps its top-k video tiles (ties: torch.topk's choice), sorted ascending;
+- prefix queries attend every row (dense); video queries attend every prefix row and the rows of their k tiles;
+- exact softmax attention over the attended rows.
+The Triton kernel runs one program per (video query tile, batch * head): a 64-row query tile (edge tiles masked),
+online softmax in fp32 over the prefix in 64-row blocks and then over the selected tiles, bf16 / fp16 operands on the
+tensor cores (64x64 tiles, head_dim up to 256: 4 warps, 2-3 stages suit the H200's shared memory). Prefix queries
+(a few percent of the rows) go through dense SDPA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton is optional: the torch fallback implements the same rule
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the install
+    triton = None
+
+
+def pooled(x: torch.Tensor, num_prefix: int, tile_of: torch.Tensor, tile_sizes: torch.Tensor,
+           dtype=torch.float32) -> torch.Tensor:
+    """[B, S, H, D] -> mean over each video tile's rows [B, H, T, D] in `dtype`."""
+    b, _, h, d = x.shape
+    t = tile_sizes.numel()
+    sums = x.new_zeros((b, t, h, d), dtype=dtype).index_add_(1, tile_of, x[:, num_prefix:].to(dtype))
+    return (sums / tile_sizes.to(sums.device, dtype).view(1, t, 1, 1)).transpose(1, 2)
+
+
+def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_of: torch.Tensor, tile_sizes: torch.Tensor,
+                 topk: int, dtype=torch.float32) -> torch.Tensor:
+    """The top-k video tiles of each video query tile: [B, H, T, k] long, ascending."""
+    qp = pooled(q, num_prefix, tile_of, tile_sizes, dtype)
+    kp = pooled(k, num_prefix, tile_of, tile_sizes, dtype)
+    scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
+    return torch.topk(scores, topk, dim=-1).indices.sort(dim=-1).values
+
+
+def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int):
+    """The rule in float64 with explicit loops (slow; for tests). -> (out [B, S, H, D] float64, selection)."""
+    qd, kd, vd = (t.double() for t in (q, k, v))
+    b, s, h, d = q.shape
+    p = num_prefix
+    tile_of = torch.repeat_interleave(torch.arange(tile_sizes.numel()), tile_sizes)
+    starts = [p + int(x) for x in torch.cat([torch.zeros(1, dtype=torch.long), tile_sizes.cumsum(0)[:-1]])]
+    sel = select_tiles(qd, kd, p, tile_of, tile_sizes, topk, torch.float64)
+    scale = d ** -0.5
+    out = torch.zeros(b, s, h, d, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            qh, kh, vh = qd[bi, :, hi], kd[bi, :, hi], vd[bi, :, hi]
+            if p:
+                out[bi, :p, hi] = torch.softmax(qh[:p] @ kh.T * scale, -1) @ vh
+            for ti, start in enumerate(starts):
+                rows = slice(start, start + int(tile_sizes[ti]))
+                keys = list(range(p))
+                for tj in sel[bi, hi, ti].tolist():
+                    keys += range(starts[tj], starts[tj] + int(tile_sizes[tj]))
+                keys = torch.tensor(keys)
+                out[bi, rows, hi] = torch.softmax(qh[rows] @ kh[keys].T * scale, -1) @ vh[keys]
+    return out, sel
+
+
+def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: torch.Tensor,
+                          heads_per_chunk: int = 4) -> torch.Tensor:
+    """The video queries' rows of the rule with a block mask through SDPA (fp32): [B, S - P, H, D] in q's dtype.
+    Memory O(heads_per_chunk * (S - P) * S) booleans: meant for the CPU and small shapes."""
+    b, s, h, d = q.shape
+    p, t = num_prefix, sel.shape[2]
+    block = torch.zeros(b, h, t, t, dtype=torch.bool, device=q.device)
+    block.scatter_(-1, sel, True)
+    out = []
+    for h0 in range(0, h, heads_per_chunk):
+        hs = slice(h0, min(h, h0 + heads_per_chunk))
+        video = block[:, hs][:, :, tile_of][:, :, :, tile_of]  # [B, h, Sv, Sv]
+        mask = torch.cat([video.new_ones(video.shape[:3] + (p,)), video], dim=-1)
+        qh, kh, vh = (x[:, :, hs].transpose(1, 2).float() for x in (q, k, v))
+        out.append(F.scaled_dot_product_attention(qh[:, :, p:], kh, vh, attn_mask=mask).transpose(1, 2))
+    return torch.cat(out, dim=2).to(q.dtype)
+
+
+if triton is not None:
+    @triton.jit
+    def _vsa_video_fwd(Q, K, V, O, starts, sizes, sel, P, H, T, NSEL, qk_scale,
+                       sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
+                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+        tile = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        q_start = tl.load(starts + tile)
+        q_len = tl.load(sizes + tile)
+        rows = tl.arange(0, BLOCK)
+        dims = tl.arange(0, HEAD_DIM)
+        q_ptr = Q + b * sqb + h * sqh + (q_start + rows)[:, None] * sqs + dims[None, :]
+        q = tl.load(q_ptr, mask=rows[:, None] < q_len, other=0.0)
+        m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK,), tl.float32)
+        acc = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+        k_base = K + b * skb + h * skh
+        v_base = V + b * svb + h * svh
+        n_prefix_blocks = tl.cdiv(P, BLOCK)
+        sel_base = sel + (bh * T + tile) * NSEL
+        for j in range(0, n_prefix_blocks + NSEL):
+            if j < n_prefix_blocks:
+                k_start = j * BLOCK
+                k_len = tl.minimum(P - k_start, BLOCK)
+            else:
+                kt = tl.load(sel_base + (j - n_prefix_blocks))
+                k_start = tl.load(starts + kt)
+                k_len = tl.load(sizes + kt)
+            valid = rows < k_len
+            kk = tl.load(k_base + (k_start + rows)[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
+            vv = tl.load(v_base + (k_start + rows)[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            pr = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(pr, 1)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        o_ptr = O + b * sob + h * soh + (q_start + rows)[:, None] * sos + dims[None, :]
+        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
+
+
+def triton_supported(q: torch.Tensor) -> bool:
+    d = q.shape[-1]
+    return (triton is not None and q.dtype in (torch.bfloat16, torch.float16) and 16 <= d <= 256
+            and d & (d - 1) == 0 and q.stride(-1) == 1)
+
+
+def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
+                           sel: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Fill the video rows of `out` [B, S, H, D] (q's dtype) with the rule's output; returns out. `starts`, `sizes`
+    int32 [T] (positions in tile order), `sel` [B, H, T, k] int32 / long."""
+    b, s, h, d = q.shape
+    t, nsel = sel.shape[2], sel.shape[3]
+    out = torch.empty_like(q) if out is None else out
+    sel = sel.to(torch.int32).contiguous()
+    grid = (t, b * h)
+    _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
+                         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                         v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
+                         HEAD_DIM=d, BLOCK=64, num_warps=4, num_stages=2)
+    return out
+
+
+def sparse_attention(q, k, v, plan, dense, use_triton: bool | None = None) -> torch.Tensor:
+    """One sparse step of the rule on rows in tile order: prefix queries through `dense` (q, k, v) -> out, video
+    queries through the Triton kernel (CUDA) or the torch fallback."""
+    p = plan.num_prefix
+    starts, sizes, tile_of = plan.tables(q.device)
+    sel = select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk)
+    if use_triton is None:
+        use_triton = q.is_cuda and triton_supported(q)
+    if use_triton:
+        out = triton_video_attention(q, k, v, p, starts, sizes, sel)
+    else:
+        out = torch.empty_like(q)
+        out[:, p:] = torch_video_attention(q, k, v, p, tile_of, sel)
+    if p:
+        if use_triton:
+            out[:, :p] = dense(q[:, :p], k, v)
+        else:  # the CPU's bf16 SDPA accumulates coarser than the rule's fp32: run the prefix queries in fp32 too
+            out[:, :p] = dense(q[:, :p].float(), k.float(), v.float()).to(q.dtype)
+    return out
