@@ -12,7 +12,7 @@ from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from .adapters import audio_to_waveform, waveform_to_audio
-from .sample import MAX_SEED, run_engine
+from .sample import MAX_SEED, run_engine, with_manifest
 from .widgets import SHIFT_INPUTS
 
 
@@ -132,7 +132,7 @@ class H3Edit:
                                audio_level, mask_grow, mask_feather, audio)
         shaped = mask_shaping(mask)
         result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
-        out = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
+        out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
         return {"ui": {"text": [edit_summary(preset, result, shaped)]},
                 "result": (out, waveform_to_audio(result.audio, result.sample_rate),
                            H3Latents(result.video_latents, result.audio_latents, result.fps))}

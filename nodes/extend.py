@@ -21,7 +21,7 @@ from ..extend_job import keep_partial, split_prompts, window_status
 from ..types import H3Latents
 from ..video_file import H3FileVideo
 from .adapters import audio_to_waveform
-from .sample import MAX_SEED, run_engine
+from .sample import MAX_SEED, run_engine, with_manifest
 from .widgets import SHIFT_INPUTS
 
 PARTIAL_PREFIX = "H3/extend_partial"
@@ -111,7 +111,7 @@ class H3Extend:
                                 on_cancelled=_keep_what_finished, summary=extend_summary)
         finally:
             release_placeholder(path)  # reserved but never published (an error, or Stop before any window)
-        clip = H3FileVideo(path)
+        clip = with_manifest(H3FileVideo(path), result)
         return {"ui": {"text": [extend_summary(result)]},
                 "result": (clip, H3Latents(result.video_latents, result.audio_latents, result.fps))}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .. import comfy_services as services
 from ..backend.engine import EngineCancelled, EngineError, shutdown_all
+from ..backend.manifest import summary as manifest_summary
 from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents
@@ -91,7 +92,7 @@ class H3Sample:
             references=build_references(reference_images, reference_video, reference_audio),
         )
         result = run_engine(engine, request, steps, unique_id)
-        video = H3Video(result.frames, result.fps, result.audio, result.sample_rate)
+        video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
         return (video, waveform_to_audio(result.audio, result.sample_rate),
                 H3Latents(result.video_latents, result.audio_latents, result.fps))
 
@@ -135,6 +136,15 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         raise ValueError(str(exc)) from None
     except EngineError as exc:
         raise RuntimeError(f"{label} failed: {exc}") from None
-    if summary is not None:
-        reporter.set_text(summary(result))
+    text = " · ".join(t for t in (summary(result) if summary is not None else "",
+                                   manifest_summary(getattr(result, "manifest", None))) if t)
+    if text:
+        reporter.set_text(text)
     return result
+
+
+def with_manifest(video, result):
+    """The result's stage manifest attached to our VIDEO (`video.manifest`: H3 Save Video writes it beside the
+    file; core's video nodes ignore the attribute)."""
+    video.manifest = getattr(result, "manifest", None)
+    return video

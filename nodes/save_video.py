@@ -4,13 +4,18 @@ FFV1 (MKV, lossless RGB, for pipelines) where this PyAV build has them.
 
 Frames stream into a background encoder in uint8 chunks through two host buffers (backend.media.stream_writer):
 frames still on a GPU are quantised there and only uint8 crosses to the host; an IMAGE batch is quantised chunk by
-chunk, never as a whole uint8 copy. The file appears under its name only when complete."""
+chunk, never as a whole uint8 copy. The file appears under its name only when complete. A VIDEO from our nodes
+carries its request's stage manifest (`video.manifest`): it is written as `<file>.manifest.json` beside the saved
+file (with this save's seconds added), never over an existing file."""
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import math
 import os
+import time
 
 from .. import comfy_services as services
 from ..backend.media.encode import (AAC_SAMPLE_RATES, CODECS, as_fraction, available_codecs, check_encoder_options,
@@ -74,6 +79,8 @@ class H3SaveVideo:
             raise ValueError(f"Unknown codec {codec!r}; this build offers {available_codecs()}.")
         check_encoder_options(codec, crf, preset)  # before any output name is reserved
         override = audio_to_waveform(audio)
+        manifest = getattr(video, "manifest", None) if video is not None else None
+        t0 = time.perf_counter()
         out_dir = services.output_directory()
         metadata = _metadata(prompt, extra_pnginfo)
         if images is not None:
@@ -85,6 +92,7 @@ class H3SaveVideo:
             if source is not None:  # already exactly what this save would write: copy the packets
                 path = copy_mp4(source, next_free_path(out_dir, filename_prefix, CODECS[codec].ext), metadata,
                                 reserved=True)
+                write_manifest_beside(path, manifest, time.perf_counter() - t0)
                 return _preview(path, out_dir)
             rate, wave, sample_rate = clip.frame_rate, clip.audio, clip.sample_rate
             width, height = clip.get_dimensions()
@@ -93,6 +101,7 @@ class H3SaveVideo:
             wave, sample_rate = override
         path = save_streamed(out_dir, filename_prefix, frames, rate, wave, sample_rate, crf, preset, codec,
                              metadata=metadata)
+        write_manifest_beside(path, manifest, time.perf_counter() - t0)
         return _preview(path, out_dir)
 
 
@@ -154,6 +163,24 @@ def save_streamed(out_dir, prefix, frames, fps, wave=None, rate=None, crf=18, pr
         if wave is not None:
             saver.write_audio(wave, sample_rate=int(rate))
     return saver.path
+
+
+def write_manifest_beside(path: str, manifest, save_s: float) -> str | None:
+    """`<path>.manifest.json` from a VIDEO's manifest (a copy: the same VIDEO may be saved twice), this save's
+    seconds added to its encode/save stage. A file already there is left alone (a warning in the log; the video
+    itself is saved). -> the manifest's path, or None."""
+    if not isinstance(manifest, dict):
+        return None
+    from ..backend.manifest import manifest_path, write_new
+
+    manifest = copy.deepcopy(manifest)
+    stages = manifest.setdefault("stages", {})
+    stages["encode_save_s"] = (stages.get("encode_save_s") or 0.0) + save_s
+    try:
+        return write_new(manifest_path(path), manifest)
+    except FileExistsError as exc:
+        logging.getLogger("comfyui_h3").warning("H3 Save Video: %s", exc)
+        return None
 
 
 def _metadata(prompt, extra_pnginfo) -> dict:

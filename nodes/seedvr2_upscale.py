@@ -18,7 +18,7 @@ from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_SCA
 from ..extend_job import keep_partial
 from ..video_file import H3FileVideo
 from ..video_types import H3Video
-from .sample import MAX_SEED, run_engine
+from .sample import MAX_SEED, run_engine, with_manifest
 from .seedvr2_loader import SEEDVR2_ENGINE
 
 TARGETS = ("scale", "short side", "width x height")
@@ -136,8 +136,8 @@ class H3SeedVR2Upscale:
             clip = H3FileVideo(path)
             if wave is not None:  # the input's sound itself, not its AAC copy in the file (which a save copies)
                 clip._audio, clip._sample_rate = request.audio, int(sample_rate)
-            return (clip,)
-        return (H3Video(result.frames, rate),)
+            return (with_manifest(clip, result),)
+        return (with_manifest(H3Video(result.frames, rate), result),)
 
 
 def check_batch_frames(batch_frames) -> bool | str:

@@ -158,3 +158,51 @@ def test_cli_upscale_manifest(tmp_path):
     assert m["request"]["kind"] == "upscale" and m["request"]["shapes"]["output"] == [9, 64, 96]
     assert m["extra_stages"]["dit_s"] > 0 and len(m["extra_stages"]["batch_s"]) == m["request"]["shapes"]["batches"] == 3
     assert m["engine"]["family"] == "seedvr2"
+
+
+# ---- ComfyUI nodes ------------------------------------------------------------------------------------------------
+
+def test_sample_node_summary_and_save_video_writes_the_manifest(tmp_path, tiny_h3_dir, monkeypatch):
+    """H3 Sample attaches the manifest to its VIDEO and shows the summary line on the node; H3 Save Video writes
+    `<file>.manifest.json` beside the MP4 (with its own seconds), and never over a file already there."""
+    from comfyui_h3.backend.engine import shutdown_all
+    from comfyui_h3.nodes import sample as sample_node
+    from comfyui_h3.nodes.loader import H3ModelLoader
+    from comfyui_h3.nodes.save_video import H3SaveVideo
+
+    monkeypatch.setenv("COMFYUI_H3_OUTPUT", str(tmp_path / "out"))
+    monkeypatch.setenv("COMFYUI_H3_MODELS", str(tiny_h3_dir.parent))
+    shown = []
+    real = sample_node.services.ProgressReporter
+
+    class Reporter(real):
+        def set_text(self, text):
+            shown.append(text)
+
+    monkeypatch.setattr(sample_node.services, "ProgressReporter", Reporter)
+    (handle,) = H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa")
+    try:
+        video, _audio, _latents = sample_node.H3Sample().sample(handle, "waves on rocks", 5.0, 64, 64, 2, 12.0, 3.0,
+                                                                 3)
+    finally:
+        shutdown_all()
+    assert len(video.manifest["stages"]["denoise_steps_s"]) == 2
+    assert shown and shown[-1] == mf.summary(video.manifest) and "s/step" in shown[-1]
+
+    entry = H3SaveVideo().save(video, "clips/h3", 18, "ultrafast")["ui"]["images"][0]
+    saved = tmp_path / "out" / "clips" / entry["filename"]
+    side = saved.parent / (saved.name + ".manifest.json")
+    m = json.loads(side.read_text())
+    assert m["stages"]["encode_save_s"] > 0 and m["request"]["task"] == "t2va"
+    assert video.manifest["stages"]["encode_save_s"] is None  # the VIDEO's own manifest is not changed
+
+    # The next free name's manifest is already a user's file: the video is saved, their file is left alone.
+    nxt = saved.parent / (saved.name.replace("00001", "00002") + ".manifest.json")
+    nxt.write_text("user notes")
+    entry2 = H3SaveVideo().save(video, "clips/h3", 18, "ultrafast")["ui"]["images"][0]
+    assert entry2["filename"] == saved.name.replace("00001", "00002") and nxt.read_text() == "user notes"
+
+    # Images (no manifest) write none.
+    entry3 = H3SaveVideo().save(filename_prefix="clips/img", crf=18, preset="ultrafast",
+                                images=torch.rand(3, 32, 32, 3), fps=8.0)["ui"]["images"][0]
+    assert not (saved.parent / (entry3["filename"] + ".manifest.json")).exists()
