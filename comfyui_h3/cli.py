@@ -69,6 +69,15 @@ def _model_option(p) -> None:
                         "request's activations, the rest streamed from pinned host memory while earlier blocks "
                         "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is short); "
                         "or a number (0 streams every block). For GPUs smaller than the model.")
+    p.add_argument("--attention", default="sdpa",
+                   help="Attention backend (see the loader node's list); vsa: Video Sparse Attention, with "
+                        "--vsa-topk and --vsa-dense-steps.")
+    p.add_argument("--vsa-topk", type=float, default=None, metavar="K",
+                   help="With --attention vsa: video tiles (4x4x4) each video tile attends, a count (>= 1) or a "
+                        "fraction of the tiles (< 1; default 0.1).")
+    p.add_argument("--vsa-dense-steps", type=float, default=None, metavar="N",
+                   help="With --attention vsa: steps run dense first, a count (>= 1) or a fraction of the steps "
+                        "(< 1; default 0.25).")
     p.add_argument("--fp8", action="store_true",
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "

@@ -95,6 +95,21 @@ def generate(args, model_dir) -> int:
     return 0
 
 
+def attention_name(args) -> str:
+    """--attention and, for vsa, --vsa-topk / --vsa-dense-steps -> the engine config's backend name (checked)."""
+    from .backend.attention import vsa
+    from .backend.attention.registry import get_backend
+
+    name = getattr(args, "attention", "sdpa")
+    topk, dense = getattr(args, "vsa_topk", None), getattr(args, "vsa_dense_steps", None)
+    if name != "vsa":
+        if topk is not None or dense is not None:
+            raise ValueError(f"--vsa-topk / --vsa-dense-steps need --attention vsa (got --attention {name}).")
+        return get_backend(name).name
+    defaults = vsa.VSASettings()
+    return vsa.spec(defaults.topk if topk is None else topk, defaults.dense_steps if dense is None else dense)
+
+
 def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
     """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
     and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept).
@@ -110,7 +125,8 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
                            storage="fp8" if getattr(args, "fp8", False) else "compute")
     placement, resident = parse_resident_blocks(getattr(args, "resident_blocks", "all"))
     weights = dataclasses.replace(weights, placement=placement, resident_blocks=resident)
-    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights))
+    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights,
+                                  attention=attention_name(args)))
     reporter = services.ProgressReporter(args.steps, desc=desc)
     stop = {"flag": False}
 

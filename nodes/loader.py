@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
+from ..backend.attention.vsa import spec as vsa_spec
+from ..backend.attention.vsa_plan import VSASettings
 from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
 from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
@@ -13,6 +15,7 @@ from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
 
 WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' widget -> WeightPolicy.storage
+VSA_DEFAULTS = VSASettings()  # the vsa widgets' defaults
 
 
 def _cuda_available() -> bool:
@@ -87,6 +90,16 @@ class H3ModelLoader:
                                "and dtype bfloat16."}),
                 "resident_blocks": (list(RESIDENT_BLOCKS_CHOICES), {
                     "default": "all", "tooltip": RESIDENT_BLOCKS_HELP}),
+                "vsa_topk": ("FLOAT", {
+                    "default": VSA_DEFAULTS.topk, "min": 0.001, "max": 100000.0, "step": 0.001,
+                    "tooltip": "With attention vsa: how many 4x4x4 video tiles each video tile attends besides the "
+                               "prompt and condition rows. Below 1: a fraction of the clip's tiles (0.1 = 10%); "
+                               "1 or more: a tile count. Ignored by the other attention kernels."}),
+                "vsa_dense_steps": ("FLOAT", {
+                    "default": VSA_DEFAULTS.dense_steps, "min": 0.0, "max": 1000.0, "step": 0.01,
+                    "tooltip": "With attention vsa: steps run with dense attention before the sparse ones. Below "
+                               "1: a fraction of the steps (0.25 = the first quarter); 1 or more: a step count. "
+                               "Ignored by the other attention kernels."}),
             },
         }
 
@@ -101,10 +114,13 @@ class H3ModelLoader:
         return True
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
-             adaln_cache=False, weights="bf16", resident_blocks="all"):
+             adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}.")
         placement, resident = parse_resident_blocks(resident_blocks)
+        if attention == "vsa":  # its settings travel in the backend's name ("vsa:topk=..,dense=..")
+            attention = vsa_spec(VSA_DEFAULTS.topk if vsa_topk is None else vsa_topk,
+                                 VSA_DEFAULTS.dense_steps if vsa_dense_steps is None else vsa_dense_steps)
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
         else:

@@ -224,3 +224,59 @@ def test_tiny_t2va_in_tile_order_with_every_tile_matches_dense(tiny_h3_dir, dens
     sparse = _vsa_run(tiny_h3_dir, "vsa:topk=1,dense=0")
     assert torch.isfinite(sparse.video_latents).all()
     assert rel_err(sparse.video_latents, dense_run.video_latents) > 1e-4  # top-1 of several tiles is not dense
+
+
+def test_loader_offers_vsa_settings_as_appended_optional_widgets(tiny_h3_dir, monkeypatch):
+    from comfyui_h3.nodes import loader
+
+    spec = loader.H3ModelLoader.INPUT_TYPES()
+    assert list(spec["required"]) == ["model", "device", "dtype", "attention", "sp_degree", "gpus", "executor",
+                                      "ray_address"]  # saved workflows' widget order
+    assert list(spec["optional"])[-2:] == ["vsa_topk", "vsa_dense_steps"] and "vsa" in spec["required"]["attention"][0]
+    for name, default in (("vsa_topk", 0.1), ("vsa_dense_steps", 0.25)):
+        kind, opts = spec["optional"][name]
+        assert kind == "FLOAT" and opts["default"] == default and opts["tooltip"]
+    monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
+    load = loader.H3ModelLoader().load
+    assert load(loader.TINY_NAME, "cpu", "float32", "vsa")[0].config.attention == "vsa"
+    assert load(loader.TINY_NAME, "cpu", "float32", "vsa", vsa_topk=32.0,
+                vsa_dense_steps=0.5)[0].config.attention == "vsa:topk=32,dense=0.5"
+    assert load(loader.TINY_NAME, "cpu", "float32", "sdpa", vsa_topk=32.0)[0].config.attention == "sdpa"
+    with pytest.raises(ValueError, match="dense_steps"):
+        load(loader.TINY_NAME, "cpu", "float32", "vsa", vsa_dense_steps=2.5)
+
+
+@pytest.mark.parametrize("flags,want", [([], "sdpa"), (["--attention", "vsa"], "vsa"),
+                                        (["--attention", "vsa", "--vsa-topk", "64", "--vsa-dense-steps", "10"],
+                                         "vsa:topk=64,dense=10")])
+def test_cli_vsa_flags_reach_the_engine_config(monkeypatch, flags, want):
+    import comfyui_h3.backend.engine as engine_module
+    from comfyui_h3.cli import _parser
+    from comfyui_h3.cli_generate import run_on_engine
+
+    seen = []
+
+    class FakeEngine:
+        def generate(self, request, progress=None, should_cancel=None):
+            return "result"
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(engine_module, "get_engine", lambda config: seen.append(config) or FakeEngine())
+    for command in (["generate", "--prompt", "x"], ["extend", "--video", "v.mp4", "--prompt", "x", "--seconds", "5",
+                                                    "--out", "o.mp4"]):
+        args = _parser().parse_args(command + flags)
+        args.device = "cpu"
+        assert run_on_engine(args, "/models/h3", _t2va(), "denoise") == "result"
+        assert seen[-1].attention == want
+
+
+def test_cli_vsa_options_without_vsa_are_refused():
+    from comfyui_h3.cli import _parser
+    from comfyui_h3.cli_generate import attention_name
+
+    with pytest.raises(ValueError, match="need --attention vsa"):
+        attention_name(_parser().parse_args(["generate", "--prompt", "x", "--vsa-topk", "8"]))
+    with pytest.raises(ValueError, match="Unknown attention backend"):
+        attention_name(_parser().parse_args(["generate", "--prompt", "x", "--attention", "flash9"]))

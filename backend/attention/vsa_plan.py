@@ -34,7 +34,7 @@ TILE_ROWS = 64  # rows of a full tile, and of a prefix block
 @dataclass(frozen=True)
 class VSASettings:
     topk: float = 0.1  # tiles (>= 1) or a fraction of the video tiles (< 1)
-    dense_steps: float = 0.0  # steps (>= 1) or a fraction of the steps (< 1) run dense before the sparse ones
+    dense_steps: float = 0.25  # steps (>= 1) or a fraction of the steps (< 1) run dense before the sparse ones
 
     def __post_init__(self):
         for name in ("topk", "dense_steps"):
