@@ -75,6 +75,48 @@ def test_seedvr2_upscale_manifest(tmp_path):
     assert m["stages"]["decode_s"] > 0
 
 
+def test_h3_manifest_reports_the_adaln_cache_bytes(tiny_h3_dir):
+    from comfyui_h3.backend.runtime import WeightPolicy
+
+    pipe = h3_config(str(tiny_h3_dir), dtype="float32", weights=WeightPolicy(adaln="cache")).build_pipeline(0)
+    m = pipe.run(t2va(decode=False)).manifest
+    cache = m["adaln_cache"]["transformer"]
+    assert cache["table_bytes"] > 0 and cache["weight_bytes_host"] > 0 and cache["weight_bytes_device"] == 0
+    assert cache["table_keys"] >= 1 and len(m["stages"]["denoise_steps_s"]) == STEPS
+
+def test_h3_extend_manifest_lists_every_window_step(h3_pipe):
+    """An extension runs one denoise per window: the manifest lists every step of every window."""
+    import numpy as np
+
+    from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
+
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 256, (124, 64, 96, 3), dtype=np.uint8)
+    req = H3ExtendRequest(prompts=["waves"], added_frames=51, window_frames=56, overlap_frames=22, steps=2, seed=1,
+                          source_frames=frames)
+    result = h3_pipe.run(req)
+    windows = len(result.extend["windows"])
+    assert windows >= 2
+    _check_common(result.manifest, 2 * windows)
+    assert result.manifest["request"]["task"] == "extend" and result.manifest["request"]["steps"] == 2
+
+
+def test_seedvr2_two_gloo_ranks_give_two_peaks(tmp_path):
+    from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
+    from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+
+    root = make_tiny_seedvr2(tmp_path / "m", "3b")
+    engine = Engine(seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
+                                   dtype="float32", vae_dtype="float32", world_size=2, cpu_threads=1))
+    video = torch.randint(0, 256, (9, 16, 24, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    try:
+        m = engine.generate(UpscaleRequest(video, scale=2.0)).manifest
+    finally:
+        engine.shutdown()
+    assert [p["rank"] for p in m["peak_memory"]] == [0, 1]
+    assert m["engine"]["family"] == "seedvr2" and m["engine"]["sp_degree"] == 2 and m["stages"]["total_s"] > 0
+
 def test_engine_fills_its_fields_and_two_gloo_ranks_give_two_peaks(tiny_h3_dir):
     engine = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
