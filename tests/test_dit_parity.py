@@ -101,7 +101,17 @@ def test_compiled_blocks_equal_eager(tiny_h3_dir):
     assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
 
 
-def test_compile_fallback_leaves_the_process_dynamo_setting_alone(tiny_h3_dir, monkeypatch):
+def test_compile_fallback_leaves_the_process_dynamo_setting_alone(tiny_h3_dir):
+    import torch._dynamo
+
+    # dynamo's own patch, not pytest's monkeypatch: monkeypatch's undo leaves this config entry hidden on torch
+    # 2.14 ("suppress_errors does not exist"), which broke every later torch.compile in the same process.
+    with torch._dynamo.config.patch(suppress_errors=False):  # the default
+        _compile_fallback_leaves_the_setting_alone(tiny_h3_dir)
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(2))  # later compiles in this process still work
+
+
+def _compile_fallback_leaves_the_setting_alone(tiny_h3_dir):
     """A block whose compile fails runs eagerly (dynamo's suppress_errors), but only our blocks get that: building a
     pipeline that compiles, compiling and running the blocks leave the process's setting as it was (ComfyUI's, other
     packs'), and someone else's failing compile still raises."""
@@ -113,7 +123,6 @@ def test_compile_fallback_leaves_the_process_dynamo_setting_alone(tiny_h3_dir, m
     def no_compiler(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # the default (restored after the test)
     pipe = h3_config(str(tiny_h3_dir), dtype="float32", compile="on").build_pipeline(0)
     assert pipe.c.options.compile_blocks and pipe.c.transformer_for("t2va") is not None
     assert torch._dynamo.config.suppress_errors is False

@@ -70,6 +70,21 @@ def _stage(timings: dict | None, name: str, device: torch.device):
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
 
+def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.Generator, routing_for, attention,
+              timings: dict | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The one DiT step on condition [T, h, w, 16]: (x_T on the device, drawn after the posterior eps unless given;
+    the velocity [T, h, w, 16], None off the driver of a routed run)."""
+    t_lat, h, w = cond.shape[:3]
+    if x_t is None:
+        x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
+    x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(c.device)
+    model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
+    with _stage(timings, "dit_s", c.device):
+        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
+    return x_t, velocity
+
+
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
                   parallel, routing_for=None, attention=None, timings: dict | None = None,
                   noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int = 0) -> torch.Tensor | None:
@@ -88,20 +103,11 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
         video = prepare_video(frames, geometry, dtype=c.vae_dtype, device=dev)  # [3, F', H', W'] in [-1, 1]
-    t_lat = (video.shape[1] - 1) // 4 + 1
-    h, w = geometry.model[0] // 8, geometry.model[1] // 8
     eps, x_t = noise if noise is not None else (None, None)
     with _stage(timings, "encode_s", dev):
         cond = sample_condition(c.vae, video, generator, eps, vae_tile)
-    if x_t is None:
-        x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
-    x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(dev)
-    model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings)
     del cond
-    routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
-    with _stage(timings, "dit_s", dev):
-        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
-    del model_in
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     with _stage(timings, "decode_s", dev):
@@ -150,20 +156,14 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
         empty = torch.empty((0, h, w, 16), dtype=torch.float32, device=dev)
         cond = vae_shard.gather_pieces(parallel, enc, [b - a for a, b in enc.out_spans], latents, empty, to_all=True)
         del latents
-    if x_t is None:
-        x_t = torch.randn((t_lat, h, w, 16), generator=generator, dtype=torch.float32)
-    x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(dev)
-    model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
+    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings)
     del cond
-    routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
     with _stage(timings, "dit_s", dev):
-        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
         if parallel.is_driver:
             velocity = velocity.to(c.dtype).contiguous()
         else:
             velocity = torch.empty((t_lat, h, w, 16), dtype=c.dtype, device=dev)
         parallel.broadcast_from_driver(velocity)  # every rank decodes its own slices of x0
-    del model_in
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)
