@@ -40,7 +40,8 @@ def new_manifest() -> dict:
                    "weights": {}, "executor": None, "load_s": None},
         "stages": {key: ([] if key == "denoise_steps_s" else None) for key in STAGE_KEYS},
         "extra_stages": {},  # a family's own stage seconds (SeedVR2: prepare / encode / dit / decode / colour fix)
-        "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (None on CPU), peak_host_rss_bytes
+        "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (this request's; None on CPU),
+        # peak_host_rss_bytes (the worker process's peak so far: the OS counter cannot be reset per request)
         "adaln_cache": None,  # per partition: table_bytes vs weight bytes (host / device); None: direct projection
         "versions": {},
     }

@@ -75,6 +75,18 @@ def test_seedvr2_upscale_manifest(tmp_path):
     assert m["stages"]["decode_s"] > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: per-step times from CUDA events and the "
+                    "device's peak counter (the CPU tests cover the host-clock path and the schema)")
+def test_cuda_step_events_and_device_peak(tiny_h3_dir):
+    pipe = h3_config(str(tiny_h3_dir), device="cuda", dtype="bfloat16").build_pipeline(0)
+    m = pipe.run(t2va()).manifest
+    steps = m["stages"]["denoise_steps_s"]
+    assert len(steps) == STEPS and all(s > 0 for s in steps)
+    assert sum(steps) <= m["stages"]["denoise_s"] * 1.05 + 0.01  # device time inside the host's denoise span
+    peak = m["peak_memory"][0]
+    assert peak["device"].startswith("cuda") and peak["peak_device_bytes"] > 0
+    assert "GiB" in mf.summary(m)
+
 def test_h3_manifest_reports_the_adaln_cache_bytes(tiny_h3_dir):
     from comfyui_h3.backend.runtime import WeightPolicy
 
@@ -182,6 +194,18 @@ def test_cli_generate_manifest_beside_the_output_and_never_over_a_file(tmp_path,
     assert run.returncode == 2 and "b.mp4.manifest.json exists" in run.stderr, run.stderr
     assert not out2.exists() and (tmp_path / "clips" / "b.mp4.manifest.json").read_text() == "user notes"
     assert sorted(p.name for p in side.parent.iterdir()) == ["a.mp4", "a.mp4.manifest.json", "b.mp4.manifest.json"]
+
+
+def test_cli_generate_numbered_output_gets_its_manifest(tmp_path, tiny_h3_dir):
+    """Without --out the video takes the next free number under ./output; its manifest follows that name."""
+    run = _cli("generate", "--model", tiny_h3_dir, "--prompt", "x", "--seconds", 5, "--width", 64, "--height", 64,
+               "--steps", 1, "--device", "cpu", "--manifest", cwd=tmp_path,
+               env_extra={"COMFYUI_H3_CACHE": str(tiny_h3_dir.parent)})
+    assert run.returncode == 0, run.stderr
+    video = tmp_path / "output" / "h3_00001.mp4"
+    assert run.stdout.split() == [str(video), str(video) + ".manifest.json"]
+    assert len(json.loads((tmp_path / "output" / "h3_00001.mp4.manifest.json").read_text())["stages"][
+        "denoise_steps_s"]) == 1
 
 
 def test_cli_upscale_manifest(tmp_path):
