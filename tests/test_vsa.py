@@ -280,3 +280,20 @@ def test_cli_vsa_options_without_vsa_are_refused():
         attention_name(_parser().parse_args(["generate", "--prompt", "x", "--vsa-topk", "8"]))
     with pytest.raises(ValueError, match="Unknown attention backend"):
         attention_name(_parser().parse_args(["generate", "--prompt", "x", "--attention", "flash9"]))
+
+
+def test_bench_dry_run():
+    """bench/vsa.py --tiny: every part of the H200 benchmark runs (tiny config, CPU, torch fallback), so a GPU run
+    does not fail on a slip in the script."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--tiny", "--seconds", "5",
+                           "--iters", "1"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [p["part"] for p in parts] == ["env", "plan", "block", "attention", "summary"]
+    plan, block, attention = parts[1], parts[2], parts[3]
+    assert plan["edge_tiles"] > 0 and 0 < plan["topk_tiles"] < plan["video_tiles"]
+    assert 0 < block["block_rel_err_vsa_vs_dense"] < 0.05 and block["vsa_block_ms"] > 0
+    assert 0 < attention["attended_fraction"] < 1 and attention["all_tiles_rel_err_vs_dense"] < 1e-5

@@ -89,6 +89,21 @@ def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: 
 
 if triton is not None:
     @triton.jit
+    def _attend_block(q, acc, m_i, l_i, k_base, v_base, k_start, k_len, sks, svs, qk_scale, rows, dims):
+        # One key block (k_len <= BLOCK rows from k_start) into the online softmax state.
+        valid = rows < k_len
+        kk = tl.load(k_base + (k_start + rows)[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
+        vv = tl.load(v_base + (k_start + rows)[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        pr = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(pr, 1)
+        acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
+        return acc, m_new, l_i
+
+    @triton.jit
     def _vsa_video_fwd(Q, K, V, O, starts, sizes, sel, P, H, T, NSEL, qk_scale,
                        sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
                        HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
@@ -100,37 +115,24 @@ if triton is not None:
         q_len = tl.load(sizes + tile)
         rows = tl.arange(0, BLOCK)
         dims = tl.arange(0, HEAD_DIM)
-        q_ptr = Q + b * sqb + h * sqh + (q_start + rows)[:, None] * sqs + dims[None, :]
-        q = tl.load(q_ptr, mask=rows[:, None] < q_len, other=0.0)
+        q = tl.load(Q + b * sqb + h * sqh + (q_start + rows)[:, None] * sqs + dims[None, :],
+                    mask=rows[:, None] < q_len, other=0.0)
         m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK,), tl.float32)
         acc = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
         k_base = K + b * skb + h * skh
         v_base = V + b * svb + h * svh
-        n_prefix_blocks = tl.cdiv(P, BLOCK)
+        for k_start in range(0, P, BLOCK):  # the prefix: every query attends all of it
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_base, v_base, k_start, tl.minimum(P - k_start, BLOCK),
+                                          sks, svs, qk_scale, rows, dims)
         sel_base = sel + (bh * T + tile) * NSEL
-        for j in range(0, n_prefix_blocks + NSEL):
-            if j < n_prefix_blocks:
-                k_start = j * BLOCK
-                k_len = tl.minimum(P - k_start, BLOCK)
-            else:
-                kt = tl.load(sel_base + (j - n_prefix_blocks))
-                k_start = tl.load(starts + kt)
-                k_len = tl.load(sizes + kt)
-            valid = rows < k_len
-            kk = tl.load(k_base + (k_start + rows)[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
-            vv = tl.load(v_base + (k_start + rows)[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
-            s = tl.where(valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            pr = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(pr, 1)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
-            m_i = m_new
+        for j in range(0, NSEL):  # this tile's selected video tiles
+            kt = tl.load(sel_base + j)
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_base, v_base, tl.load(starts + kt), tl.load(sizes + kt),
+                                          sks, svs, qk_scale, rows, dims)
         out = acc / l_i[:, None]
-        o_ptr = O + b * sob + h * soh + (q_start + rows)[:, None] * sos + dims[None, :]
-        tl.store(o_ptr, out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
+        tl.store(O + b * sob + h * soh + (q_start + rows)[:, None] * sos + dims[None, :],
+                 out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
 
 
 def triton_supported(q: torch.Tensor) -> bool:

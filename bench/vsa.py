@@ -1,0 +1,197 @@
+"""Video Sparse Attention (backend/attention/vsa*.py) at the released size on one GPU: the full-size H3 block with
+the "vsa" backend (~10% of the video tiles) vs the same block dense (cuDNN SDPA) and diffusers' block, same random
+bf16 weights and inputs, in one run; then attention alone: the VSA path (tile selection, Triton kernel on the video
+queries, dense SDPA on the prefix queries) vs cuDNN dense, the kernel's TFLOP/s on the blocks it attends, and its
+error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,888 rows).
+
+    python bench/vsa.py [--seconds 10] [--topk 0.1] [--iters 5] [--skip-diffusers] [--json OUT.json]
+    python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
+
+One JSON line per part on stdout ("part": env, plan, block, attention, summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from comfyui_h3.backend.attention.dispatch import get_attention  # noqa: E402
+from comfyui_h3.backend.attention.registry import get_backend  # noqa: E402
+from comfyui_h3.backend.attention.vsa_kernel import select_tiles, sparse_attention, triton_supported  # noqa: E402
+from comfyui_h3.backend.attention.vsa_plan import VSASettings, make_plan  # noqa: E402
+from comfyui_h3.backend.models.h3_ops import RowSegments, rope_inv_freq, rope_tables  # noqa: E402
+from comfyui_h3.backend.models.h3_transformer import H3Block, H3TransformerConfig  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
+
+TINY = dict(num_attention_heads=2, attention_head_dim=32, hidden_size=64, num_layers=1, num_refiner_layers=1,
+            ffn_dim=96, text_dim=40, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=24, rope_freq_dim=4)
+
+
+def emit(part: str, **values) -> dict:
+    print(json.dumps(dict(part=part, **values)), flush=True)
+    return values
+
+
+def timer(dev: torch.device):
+    """(fn, iters) -> (median ms, peak GiB): CUDA events on a GPU, wall clock on the CPU."""
+    if dev.type == "cuda":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from cuda_timing import timed
+
+        return timed
+
+    def cpu_timed(fn, iters, warmup=1):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        return statistics.median(times), 0.0
+
+    return cpu_timed
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def attended_pairs(plan, sel: torch.Tensor) -> float:
+    """Query-key pairs the rule computes, summed over batch and heads: prefix queries x all rows, each video tile's
+    rows x (prefix + its selected tiles' rows)."""
+    sizes = plan.tile_sizes.to(sel.device, torch.float64)
+    seq = plan.num_prefix + float(sizes.sum())
+    keys = plan.num_prefix + sizes[sel].sum(-1)  # [B, H, T]
+    video = float((keys * sizes).sum())
+    return video + plan.num_prefix * seq * sel.shape[0] * sel.shape[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--text", type=int, default=502)
+    ap.add_argument("--topk", type=float, default=0.1, help="tiles (>= 1) or a fraction of the video tiles (< 1)")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    tiny = args.tiny
+    dev = torch.device("cpu" if tiny else "cuda")
+    dtype = torch.float32 if tiny else torch.bfloat16
+    cfg = H3TransformerConfig(**TINY) if tiny else H3TransformerConfig()
+    geo = resolve_geometry(int(round(args.seconds * 24)), 128 if tiny else 768, 256 if tiny else 1344)
+    layout = build_layout(torch.ones(24 if tiny else args.text, dtype=torch.long), geo, cfg.patch_size)
+    settings = VSASettings(topk=args.topk, dense_steps=0)
+    plan = make_plan(layout, settings)
+    tiled = plan.permute_layout(layout)  # what the DiT sees under vsa: rows in tile order
+    seq, heads, hd = layout.seq_len, cfg.num_attention_heads, cfg.attention_head_dim
+    timed = timer(dev)
+    results = {}
+    results.update(emit("env", device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                        torch=torch.__version__, dtype=str(dtype), heads=heads, head_dim=hd,
+                        triton_kernel=dev.type == "cuda" and triton_supported(torch.empty(1, 1, 1, hd, dtype=dtype,
+                                                                                       device=dev))))
+    results.update(emit("plan", seconds=args.seconds, rows=seq, prefix_rows=plan.num_prefix, grid=plan.grid,
+                        video_tiles=plan.num_tiles, topk_tiles=plan.topk,
+                        full_tiles=int((plan.tile_sizes == 64).sum()), edge_tiles=int((plan.tile_sizes < 64).sum())))
+
+    torch.manual_seed(0)
+    block = H3Block(cfg)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.normal_(0, 0.02)
+    ref_state = {k: v.clone() for k, v in block.state_dict().items()}
+    block = block.to(dev, dtype).eval()
+    block.attn.fuse_qkv()
+    ts, row_idx = row_timestep_plan(layout, 0.4, 0.6)
+    temb = torch.randn(ts.numel(), cfg.time_embed_dim, device=dev, dtype=torch.float32)
+    inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(dev)
+
+    def inputs(lay, rows):
+        cos, sin = rope_tables(lay.position_ids.to(dev), inv_freq)
+        adaln_rows = rows * 3 + lay.token_tags
+        return (cos, sin), RowSegments.from_rows(adaln_rows), adaln_rows
+
+    rope_d, seg_d, adaln_d = inputs(layout, row_idx)
+    rope_v, seg_v, _ = inputs(tiled, row_idx[plan.order])
+    x = torch.randn(1, seq, cfg.hidden_size, device=dev, dtype=dtype)
+    x_tiled = x[:, plan.order.to(dev)].contiguous()
+    dense_attn = get_attention("sdpa")
+    vsa = get_backend(f"vsa:{settings.spec()}")
+    inv = plan.inverse.to(dev)
+
+    @torch.no_grad()
+    def run_dense():
+        return block(x.clone(), block.adaln_proj(temb), seg_d, rope_d, dense_attn)
+
+    @torch.no_grad()
+    def run_vsa():
+        return block(x_tiled.clone(), block.adaln_proj(temb), seg_v, rope_v, lambda q, k, v: vsa(q, k, v, plan))
+
+    dense_out = run_dense()
+    vsa_out = run_vsa()[:, inv]  # back to packed order to compare
+    part = {"block_rel_err_vsa_vs_dense": rel(vsa_out, dense_out)}
+    del dense_out, vsa_out
+    part["dense_block_ms"], part["dense_block_peak_gib"] = timed(run_dense, args.iters)
+    part["vsa_block_ms"], part["vsa_block_peak_gib"] = timed(run_vsa, args.iters)
+    part["vsa_over_dense"] = part["vsa_block_ms"] / part["dense_block_ms"]
+    if not (tiny or args.skip_diffusers):
+        from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
+
+        ref = MiniMaxH3TransformerBlock(cfg.hidden_size, heads, hd, cfg.ffn_dim, cfg.time_embed_dim, cfg.norm_eps,
+                                        cfg.qk_norm_eps)
+        ref.load_state_dict(ref_state)
+        ref = ref.to(dev, dtype).eval()
+        adaln_dev = adaln_d.to(dev)
+        with torch.no_grad():
+            part["diffusers_block_ms"], part["diffusers_block_peak_gib"] = timed(
+                lambda: ref(x, temb, adaln_dev, rope_d), args.iters)
+        part["vsa_over_diffusers"] = part["vsa_block_ms"] / part["diffusers_block_ms"]
+        del ref
+    results.update(emit("block", **part))
+
+    # Attention alone on rows in tile order.
+    q, k, v = (torch.randn(1, seq, heads, hd, device=dev, dtype=dtype) for _ in range(3))
+    p = plan.num_prefix
+    starts, sizes, tile_of = plan.tables(dev)
+    sel = select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk)
+    pairs = attended_pairs(plan, sel)
+    part = {"attended_fraction": pairs / (seq * seq * heads)}
+    part["dense_attention_ms"], _ = timed(lambda: dense_attn(q, k, v), args.iters)
+    part["vsa_attention_ms"], part["vsa_attention_peak_gib"] = timed(lambda: vsa(q, k, v, plan), args.iters)
+    part["select_ms"], _ = timed(lambda: select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk), args.iters)
+    if dev.type == "cuda" and triton_supported(q):
+        from comfyui_h3.backend.attention.vsa_kernel import triton_video_attention
+
+        out = torch.empty_like(q)
+        part["kernel_ms"], _ = timed(lambda: triton_video_attention(q, k, v, p, starts, sizes, sel, out), args.iters)
+        video_pairs = pairs - p * seq * heads
+        part["kernel_tflops"] = 4 * hd * video_pairs / part["kernel_ms"] / 1e9
+    part["dense_tflops"] = 4 * hd * seq * seq * heads / part["dense_attention_ms"] / 1e9
+    part["vsa_over_dense_attention"] = part["vsa_attention_ms"] / part["dense_attention_ms"]
+    full = make_plan(layout, VSASettings(topk=10 ** 9, dense_steps=0))
+    part["all_tiles_rel_err_vs_dense"] = rel(sparse_attention(q, k, v, full, dense_attn), dense_attn(q, k, v))
+    results.update(emit("attention", **part))
+    summary = {key: results[key] for key in ("rows", "video_tiles", "topk_tiles", "vsa_over_dense",
+                                             "vsa_over_dense_attention", "all_tiles_rel_err_vs_dense")}
+    emit("summary", **summary)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
