@@ -29,13 +29,15 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cuda_timing import timed as measure  # noqa: E402  (bench/ on sys.path)
 
 from comfyui_h3.backend.attention.dispatch import get_attention  # noqa: E402
 from comfyui_h3.backend.models import fp8_linear as f8  # noqa: E402
@@ -57,30 +59,6 @@ def emit(part: str, out, **values) -> None:
     if out is not None:
         out.write(line + "\n")
         out.flush()
-
-
-def measure(fn, iters: int, warmup: int = 2) -> tuple[float, float]:
-    """Median ms of `iters` calls after `warmup` (CUDA events on the GPU, wall clock on the CPU); peak GiB."""
-    for _ in range(warmup):
-        fn()
-    if not torch.cuda.is_available():
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times), 0.0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), torch.cuda.max_memory_allocated() / 2**30
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -23,6 +23,7 @@ H3_EXTRA_FOLDER_TYPES = ("diffusers", "diffusion_models")
 MODEL_SCAN_DEPTH = 3
 
 __all__ = ["ENV_MODELS", "H3_FOLDER_TYPE", "H3_EXTRA_FOLDER_TYPES", "MODEL_SCAN_DEPTH", "register_h3_model_folder",
+           "register_folder_type",
            "h3_model_roots", "h3_model_dirs", "is_h3_model_dir", "resolve_h3_model"]
 
 _MODEL_INDEX_FILES = ("model_index.json", "modular_model_index.json")
@@ -32,22 +33,28 @@ _TRANSFORMER_DIRS = ("transformer", "transformer_ref")
 def register_h3_model_folder() -> Optional[str]:
     """Register the ``minimax_h3`` folder type with ComfyUI (``<models_dir>/minimax_h3``), keeping entries that
     extra_model_paths.yaml already added. Idempotent; returns the default folder, or None headless. Creates nothing."""
+    return register_folder_type(H3_FOLDER_TYPE)
+
+
+def register_folder_type(folder_type: str) -> Optional[str]:
+    """Register ``<models_dir>/<folder_type>`` with ComfyUI's folder_paths, keeping the entries already there.
+    Idempotent; returns the default folder, or None headless. Creates nothing."""
     fp = _comfy("folder_paths")
     if fp is None:
         return None
     models_dir = getattr(fp, "models_dir", None)
     if models_dir is None:
         return None
-    default = os.path.join(models_dir, H3_FOLDER_TYPE)
+    default = os.path.join(models_dir, folder_type)
     add = getattr(fp, "add_model_folder_path", None)
     table = getattr(fp, "folder_names_and_paths", None)
     if add is not None:
-        add(H3_FOLDER_TYPE, default)
+        add(folder_type, default)
     elif isinstance(table, dict):
-        paths, exts = table.get(H3_FOLDER_TYPE, ([], set()))
+        paths, exts = table.get(folder_type, ([], set()))
         if default not in paths:
             paths.append(default)
-        table[H3_FOLDER_TYPE] = (paths, exts)
+        table[folder_type] = (paths, exts)
     return default
 
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ._comfy import _comfy
 from ._fs import _check_relative, _inside, _norm, _unique
 from .errors import H3ModelNotFound, UnsafePathError
-from .models import ENV_MODELS
+from .models import ENV_MODELS, register_folder_type
 
 SEEDVR2_FOLDER_TYPE = "SEEDVR2"
 #: Shared ComfyUI folder types searched after SEEDVR2, per kind of file.
@@ -53,20 +53,10 @@ def register_seedvr2_model_folder() -> Optional[str]:
     """Register the ``SEEDVR2`` folder type with ComfyUI (``<models_dir>/SEEDVR2``), keeping entries that
     extra_model_paths.yaml (or the popular pack) already added. Idempotent; returns the default folder, or None
     headless. Creates nothing."""
-    fp = _comfy("folder_paths")
-    models_dir = getattr(fp, "models_dir", None) if fp is not None else None
-    if models_dir is None:
+    default = register_folder_type(SEEDVR2_FOLDER_TYPE)
+    if default is None:
         return None
-    default = os.path.join(models_dir, SEEDVR2_FOLDER_TYPE)
-    add = getattr(fp, "add_model_folder_path", None)
-    table = getattr(fp, "folder_names_and_paths", None)
-    if add is not None:
-        add(SEEDVR2_FOLDER_TYPE, default)
-    elif isinstance(table, dict):
-        paths, exts = table.get(SEEDVR2_FOLDER_TYPE, ([], set()))
-        if default not in paths:
-            paths.append(default)
-        table[SEEDVR2_FOLDER_TYPE] = (paths, exts)
+    table = getattr(_comfy("folder_paths"), "folder_names_and_paths", None)
     if isinstance(table, dict) and SEEDVR2_FOLDER_TYPE in table and not table[SEEDVR2_FOLDER_TYPE][1]:
         table[SEEDVR2_FOLDER_TYPE] = (table[SEEDVR2_FOLDER_TYPE][0], {".safetensors"})  # get_filename_list's filter
     return default
