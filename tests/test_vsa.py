@@ -297,3 +297,31 @@ def test_bench_dry_run():
     assert plan["edge_tiles"] > 0 and 0 < plan["topk_tiles"] < plan["video_tiles"]
     assert 0 < block["block_rel_err_vsa_vs_dense"] < 0.05 and block["vsa_block_ms"] > 0
     assert 0 < attention["attended_fraction"] < 1 and attention["all_tiles_rel_err_vs_dense"] < 1e-5
+
+
+@pytest.mark.parametrize("name", ["fl2va", "edit", "extend"])
+def test_tiny_other_layouts_in_tile_order_match_dense(tiny_h3_dir, name):
+    """Keyframe condition rows, per-row edit timesteps and extension guide rows: all ride in the prefix / tiles and
+    come back to their places (every tile selected: dense to float32 reordering noise)."""
+    from test_adaln_cache import REQUESTS
+
+    want = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(REQUESTS[name]())
+    got = h3_config(str(tiny_h3_dir), dtype="float32", attention="vsa:topk=10000,dense=0").build_pipeline(0).run(
+        REQUESTS[name]())
+    assert rel_err(got.video_latents, want.video_latents) < 1e-4
+    assert rel_err(got.audio_latents, want.audio_latents) < 1e-4
+
+
+def test_two_gloo_ranks_vsa_equals_one_rank(tiny_h3_dir):
+    """Ulysses splits the heads; the rule works per head on the whole sequence, so 2 ranks give one rank's result."""
+    from comfyui_h3.backend.engine import Engine
+
+    spec = "vsa:topk=1,dense=1"
+    want = h3_config(str(tiny_h3_dir), dtype="float32", attention=spec).build_pipeline(0).run(_t2va())
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1, attention=spec))
+    try:
+        got = eng.generate(_t2va())
+    finally:
+        eng.shutdown()
+    assert rel_err(got.video_latents, want.video_latents) < 1e-5
+    assert rel_err(got.audio_latents, want.audio_latents) < 1e-5
