@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from .. import comfy_services as services
-from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
+from ..backend.attention.registry import dense_names as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import DTYPES
 from ..backend.pipelines.seedvr2.family import DIT_VARIANTS, seedvr2_config
 from ..tiny_model import TINY_SEEDVR2_NAME, ensure_tiny_seedvr2
@@ -55,7 +55,7 @@ class H3SeedVR2Loader:
                                "bfloat16, or float32 when this is float32."}),
                 "attention": (attention_backends(), {
                     "default": "sdpa", "tooltip": "Attention kernel: " + "; ".join(
-                        f"{name}: {text}" for name, text in attention_descriptions().items()) + "."}),
+                        f"{name}: {attention_descriptions()[name]}" for name in attention_backends()) + "."}),
                 "sp_degree": ("INT", {
                     "default": 1, "min": 1, "max": 8,
                     "tooltip": "Window-parallel ranks: one worker per GPU, each holding the model and a share of "

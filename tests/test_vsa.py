@@ -325,3 +325,14 @@ def test_two_gloo_ranks_vsa_equals_one_rank(tiny_h3_dir):
         eng.shutdown()
     assert rel_err(got.video_latents, want.video_latents) < 1e-5
     assert rel_err(got.audio_latents, want.audio_latents) < 1e-5
+
+
+def test_seedvr2_refuses_vsa_and_does_not_list_it():
+    """SeedVR2 has no packed H3 layout for a plan: a vsa engine would silently run dense, so it is refused."""
+    from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
+    from comfyui_h3.nodes.seedvr2_loader import H3SeedVR2Loader
+
+    with pytest.raises(ValueError, match="SeedVR2 takes a dense attention backend"):
+        seedvr2_config("dit.safetensors", "vae.safetensors", "text.safetensors", attention="vsa").validate()
+    choices = H3SeedVR2Loader.INPUT_TYPES()["required"]["attention"][0]
+    assert "sdpa" in choices and not any(name.startswith("vsa") for name in choices)

@@ -67,6 +67,11 @@ def available() -> list[str]:
     return sorted(_BACKENDS, key=lambda n: (n != "sdpa", n))
 
 
+def dense_names() -> list[str]:
+    """The backends that need no per-request plan (what a model without H3's packed layout, SeedVR2, can use)."""
+    return [name for name in available() if _BACKENDS[name].make_plan is None]
+
+
 def descriptions() -> dict[str, str]:
     _load_builtins()
     return {name: _BACKENDS[name].description for name in available()}

@@ -47,6 +47,11 @@ class SeedVR2Family:
             # The DiT's released fp8 files are cast at load; FP8 GEMMs, block streaming and the AdaLN cache are H3's.
             raise ValueError(f"SeedVR2 runs its weights resident in the compute precision; weight storage "
                              f"{w.storage!r}, placement {w.placement!r}, AdaLN {w.adaln!r} are not available for it.")
+        from ...attention.registry import dense_names, get_backend
+
+        if get_backend(config.attention).make_plan is not None:  # a sparse backend's plan reads H3's packed layout
+            raise ValueError(f"SeedVR2 takes a dense attention backend ({', '.join(dense_names())}), got "
+                             f"{config.attention!r}.")
         for what, path in (("DiT", o.dit_path), ("VAE", o.vae_path), ("text embedding", o.text_path)):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"SeedVR2 {what} file not found: {path}")
