@@ -19,6 +19,10 @@ from comfyui_h3.backend.models.seedvr2.dit_config import DiTConfig
 from comfyui_h3.backend.models.seedvr2.routing import LayerRows, LocalRouting, WindowRouting, canonical_rows
 from comfyui_h3.backend.models.seedvr2.window_attention import window_attention, window_attention_rows
 
+import sys  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the golden scripts' deterministic weights
+from seedvr2_det import det_dit_weights, det_uniform  # noqa: E402
+
 FIXTURES = Path(__file__).parent / "fixtures"
 VARIANTS = ("3b", "7b")
 RELEASED = json.loads((FIXTURES / "seedvr2_dit_keys.json").read_text())
@@ -33,28 +37,6 @@ GOLDEN = {v: _load(v) for v in VARIANTS}
 CASES = [(v, i, c) for v in VARIANTS for i, c in enumerate(json.loads(GOLDEN[v][0]["cases"]))]
 
 
-# The same exact integer arithmetic as tools/make_seedvr2_dit_goldens.py (the fixture's sums check it).
-def det_uniform(shape, salt):
-    x = torch.arange(math.prod(shape), dtype=torch.int64) + salt * 1_000_003
-    for _ in range(3):
-        x = (x * 1103515245 + 12345) % 2**31
-        x = x ^ (x >> 16)
-    return (x.double() / 2**30 - 1).float().reshape(shape)
-
-
-def det_weights(shapes):
-    out = {}
-    for i, name in enumerate(sorted(shapes)):
-        u = det_uniform(tuple(shapes[name]), salt=100_000 + i)
-        if len(shapes[name]) == 2:
-            out[name] = u * (3.0 / shapes[name][1]) ** 0.5
-        elif name.endswith("weight") or name.endswith("_scale"):
-            out[name] = 1 + 0.3 * u
-        else:
-            out[name] = 0.3 * u
-    return out
-
-
 def _config(variant):
     return DiTConfig.from_dict(json.loads(GOLDEN[variant][0]["config"]))
 
@@ -67,7 +49,7 @@ def _model(variant):
     if variant not in _MODELS:
         meta, tensors = GOLDEN[variant]
         model = SeedVR2DiT(_config(variant)).eval()
-        weights = det_weights({k: list(p.shape) for k, p in model.named_parameters()})
+        weights = det_dit_weights({k: list(p.shape) for k, p in model.named_parameters()})
         sums = json.loads(meta["weight_sums"])
         assert sorted(sums) == sorted(weights)
         for k, s in sums.items():

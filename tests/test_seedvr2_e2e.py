@@ -7,7 +7,6 @@ bound: fp32 relative error <= 1e-4 before and after the colour fix; uint8 frames
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +21,10 @@ from comfyui_h3.backend.parallel.context import SINGLE
 from comfyui_h3.backend.pipelines.seedvr2 import restore
 from comfyui_h3.backend.pipelines.seedvr2.preprocess import plan_geometry
 
+import sys  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))  # the golden scripts' deterministic weights
+from seedvr2_det import det_dit_weights, det_vae_weights  # noqa: E402
+
 FIXTURE = Path(__file__).parent / "fixtures" / "seedvr2_e2e.safetensors"
 with safe_open(str(FIXTURE), framework="pt") as _f:
     META = _f.metadata()
@@ -29,44 +32,6 @@ with safe_open(str(FIXTURE), framework="pt") as _f:
 VARIANTS = ("3b", "7b")
 TOL = 1e-4  # the issue's end-to-end bound
 STAGE_TOL = 1e-5  # the DiT / VAE goldens' bound, for the intermediate latents
-
-
-# The exact integer arithmetic of tools/make_seedvr2_dit_goldens.py and tools/make_seedvr2_e2e_goldens.py (the
-# fixture's per-tensor sums check it).
-def det_uniform(shape, salt):
-    x = torch.arange(math.prod(shape), dtype=torch.int64) + salt * 1_000_003
-    for _ in range(3):
-        x = (x * 1103515245 + 12345) % 2**31
-        x = x ^ (x >> 16)
-    return (x.double() / 2**30 - 1).float().reshape(shape)
-
-
-def det_dit_weights(shapes):
-    out = {}
-    for i, name in enumerate(sorted(shapes)):
-        u = det_uniform(tuple(shapes[name]), salt=100_000 + i)
-        if len(shapes[name]) == 2:
-            out[name] = u * (3.0 / shapes[name][1]) ** 0.5
-        elif name.endswith("weight") or name.endswith("_scale"):
-            out[name] = 1 + 0.3 * u
-        else:
-            out[name] = 0.3 * u
-    return out
-
-
-def det_vae_weights(shapes, decoder_out_gain):
-    out = {}
-    for i, name in enumerate(sorted(shapes)):
-        shape = tuple(shapes[name])
-        u = det_uniform(shape, salt=200_000 + i)
-        if len(shape) >= 2:
-            w = u * (3.0 / math.prod(shape[1:])) ** 0.5
-            out[name] = w * decoder_out_gain if name.startswith("decoder.conv_out.") else w
-        elif "norm" in name and name.endswith("weight"):
-            out[name] = 1 + 0.2 * u
-        else:
-            out[name] = 0.1 * u
-    return out
 
 
 def _check_sums(weights, sums):

@@ -12,8 +12,8 @@ The checkout (github.com/ByteDance-Seed/SeedVR) is imported from the given path 
   counts go to seedvr2_dit_keys.json, so tests check the released key sets without the official code.
 - Numerics: tiny configs made from the released ones by overriding only the sizes (width, heads, head_dim, layers,
   mm_layers, rope_dim, text width, window counts), float32. Only the outputs (and the official RoPE freqs buffer)
-  are stored: the random-looking weights and inputs come from `det_uniform` / `det_weights` below, exact integer
-  arithmetic that tests/test_seedvr2_dit.py repeats (per-weight and per-input sums in the metadata guard that), so
+  are stored: the random-looking weights and inputs come from tools/seedvr2_det.py (exact integer arithmetic that
+  tests/test_seedvr2_dit.py imports too; per-weight and per-input sums in the metadata guard it), so
   the fixtures stay under 3 MB (stored bfloat16 weights would add 1.6 MB).
 - Patches, in memory only: an `apex.normalization` stub (FusedRMSNorm = float32 RMSNorm math, FusedLayerNorm =
   nn.LayerNorm) and a `flash_attn.flash_attn_varlen_func` stub (exact per-segment softmax attention in float64)
@@ -29,7 +29,8 @@ import json
 import sys
 import types
 
-from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_det import det_dit_weights, det_uniform  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_official import official_checkout  # noqa: E402
 
 TXT_DIM = 32
 # Tiny sizes per variant (everything else from the released config).
@@ -47,18 +48,6 @@ CASES = [
     ((3, 31, 17), (4, 3, 3), 7, 1000.0),
     ((5, 9, 11), (2, 12, 15), 3, 437.0),
 ]
-
-
-def det_uniform(torch, shape, salt: int):
-    """Values in [-1, 1) from exact int64 arithmetic (identical on every platform and torch version)."""
-    n = 1
-    for s in shape:
-        n *= s
-    x = torch.arange(n, dtype=torch.int64) + salt * 1_000_003
-    for _ in range(3):
-        x = (x * 1103515245 + 12345) % 2**31
-        x = x ^ (x >> 16)
-    return (x.double() / 2**30 - 1).float().reshape(shape)
 
 
 def _install_stubs(torch):
@@ -139,21 +128,6 @@ def _our_config(variant, kw, counts):
                 norm_eps=float(kw["norm_eps"]), **extra)
 
 
-def det_weights(torch, shapes):
-    """Deterministic weights for named shapes (sorted names salt the draws): a matrix [out, in] is uniform with
-    variance 1/in; a vector is 1 + 0.3 u for norm weights and ada scales (they sit around 1), 0.3 u otherwise."""
-    out = {}
-    for i, name in enumerate(sorted(shapes)):
-        u = det_uniform(torch, tuple(shapes[name]), salt=100_000 + i)
-        if len(shapes[name]) == 2:
-            out[name] = u * (3.0 / shapes[name][1]) ** 0.5
-        elif name.endswith("weight") or name.endswith("_scale"):
-            out[name] = 1 + 0.3 * u
-        else:
-            out[name] = 0.3 * u
-    return out
-
-
 def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_dit_3b.safetensors")
     import torch
@@ -190,15 +164,15 @@ def main() -> None:
             if ci == 0:
                 config = _our_config(variant, kw, counts)
                 params = dict(net.named_parameters())
-                weights = det_weights(torch, {k: list(p.shape) for k, p in params.items()})
+                weights = det_dit_weights({k: list(p.shape) for k, p in params.items()})
                 sums = {k: float(v.double().sum()) for k, v in weights.items()}
                 freqs = net.blocks[0].attn.rope.rope.freqs.clone()
             with torch.no_grad():
                 for k, p in net.named_parameters():
                     p.copy_(weights[k])
             t, h, w = grid
-            vid = det_uniform(torch, (t, 2 * h, 2 * w, kw["vid_in_channels"]), salt=10 * ci + 1)
-            txt = det_uniform(torch, (txt_len, TXT_DIM), salt=10 * ci + 2)
+            vid = det_uniform((t, 2 * h, 2 * w, kw["vid_in_channels"]), salt=10 * ci + 1)
+            txt = det_uniform((txt_len, TXT_DIM), salt=10 * ci + 2)
             patched = torch.Tensor.bfloat16
             torch.Tensor.bfloat16 = lambda self, *a, **k: self  # keep the official attention in float32
             try:

@@ -28,8 +28,8 @@ the identity (the official attention casts to bf16 even in float32), common.dist
 gloo process group (its @log_runtime decorators call barrier()), a
 `mediapy` and a `torchvision.io.video` stub (the script imports them to read and write files; unused here).
 
-Weights: DiT from make_seedvr2_dit_goldens.det_weights (the same exact integer arithmetic the DiT test repeats), the
-VAE from `det_vae_weights` below (ditto; tests/test_seedvr2_e2e.py repeats it); per-tensor sums in the metadata guard
+Weights: DiT and VAE from tools/seedvr2_det.py (det_dit_weights, det_vae_weights; the tests rebuild them from the same
+module); per-tensor sums in the metadata guard
 that. The fixture holds the input frames, the text embedding, per variant the recorded eps and x_T, the condition
 latent and x0 (to localise a difference), the decoded frames before and after the colour fix (float32, [F, 3, H, W],
 cut to the input's frame count) and the uint8 frames [F, H, W, 3].
@@ -44,7 +44,8 @@ import tempfile
 import types
 from pathlib import Path
 
-from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_det import det_dit_weights, det_uniform, det_vae_weights  # noqa: E402 - tools/ is sys.path[0]
+from seedvr2_official import official_checkout  # noqa: E402
 
 VARIANTS = ("3b", "7b")
 COUNTS = (4, 3, 3)
@@ -53,26 +54,6 @@ TXT_LEN = 5
 VAE_TINY = {"block_out_channels": [8, 16, 24, 24], "norm_num_groups": 4}
 DECODER_OUT_GAIN = 0.25  # keeps the random decoder's output mostly inside [-1, 1], so the uint8 frames are not clipped
 SEED = 666  # the official scripts' default
-
-
-def det_vae_weights(det_uniform, torch, shapes):
-    """Deterministic VAE weights: convs / linears uniform with variance 1/fan_in (the decoder's conv_out scaled by
-    DECODER_OUT_GAIN), norm weights 1 + 0.2 u, other vectors 0.1 u; names sorted, salted 200_000 + index."""
-    out = {}
-    for i, name in enumerate(sorted(shapes)):
-        shape = tuple(shapes[name])
-        u = det_uniform(torch, shape, salt=200_000 + i)
-        if len(shape) >= 2:
-            fan_in = 1
-            for s in shape[1:]:
-                fan_in *= s
-            w = u * (3.0 / fan_in) ** 0.5
-            out[name] = w * DECODER_OUT_GAIN if name.startswith("decoder.conv_out.") else w
-        elif "norm" in name and name.endswith("weight"):
-            out[name] = 1 + 0.2 * u
-        else:
-            out[name] = 0.1 * u
-    return out
 
 
 def wavelet_blur(x, radius):
@@ -145,7 +126,7 @@ class RandomDraws:
         self.torch.randn, self.torch.randn_like = self.real
 
 
-def _runner(torch, checkout, variant, det_uniform, det_weights, tiny_kwargs, our_config, tmp):
+def _runner(torch, checkout, variant, tiny_kwargs, our_config, tmp):
     """The official VideoDiffusionInfer of `variant` at tiny sizes, loaded from deterministic weights."""
     from omegaconf import OmegaConf
 
@@ -162,12 +143,12 @@ def _runner(torch, checkout, variant, det_uniform, det_weights, tiny_kwargs, our
     config.vae.dtype = "float32"
 
     dit = create_object(config.dit.model)
-    weights = det_weights(torch, {k: list(p.shape) for k, p in dit.named_parameters()})
+    weights = det_dit_weights({k: list(p.shape) for k, p in dit.named_parameters()})
     state = {k: weights.get(k, v) for k, v in dit.state_dict().items()}  # buffers (RoPE freqs) as built
     dit_sums = {k: float(v.double().sum()) for k, v in weights.items()}
     torch.save(state, tmp / f"dit_{variant}.pth")
     vae = create_object(config.vae.model)
-    vae_weights = det_vae_weights(det_uniform, torch, {k: list(p.shape) for k, p in vae.named_parameters()})
+    vae_weights = det_vae_weights({k: list(p.shape) for k, p in vae.named_parameters()}, DECODER_OUT_GAIN)
     assert set(vae_weights) == set(vae.state_dict()), "the VAE has buffers: store them too"
     vae_sums = {k: float(v.double().sum()) for k, v in vae_weights.items()}
     torch.save(vae_weights, tmp / "vae.pth")
@@ -215,7 +196,7 @@ def main() -> None:
     from einops import rearrange
     from safetensors.torch import save_file
 
-    from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _our_config, _tiny_kwargs, det_uniform, det_weights
+    from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _our_config, _tiny_kwargs
 
     os.chdir(checkout)  # load_config resolves `__inherit__` paths against the working directory
     _install_stubs(torch)
@@ -227,12 +208,12 @@ def main() -> None:
         colour_fix, colour_fix_source = wavelet_reconstruction, "tools/make_seedvr2_e2e_goldens.py (StableSR math)"
 
     # colour gradients with noise on top (structure for the VAE and the colour fix, detail for the resize)
-    noise = det_uniform(torch, (FRAMES, HEIGHT, WIDTH, 3), salt=7) * 0.5 + 0.5
+    noise = det_uniform((FRAMES, HEIGHT, WIDTH, 3), salt=7) * 0.5 + 0.5
     yy = torch.linspace(0, 1, HEIGHT)[:, None, None].expand(HEIGHT, WIDTH, 1)
     xx = torch.linspace(0, 1, WIDTH)[None, :, None].expand(HEIGHT, WIDTH, 1)
     ramp = torch.cat([yy, xx, (yy + xx) / 2], -1)
     frames = ((3 * ramp + noise) / 4).mul(255).round().to(torch.uint8)
-    text = det_uniform(torch, (TXT_LEN, TXT_DIM), salt=8)
+    text = det_uniform((TXT_LEN, TXT_DIM), salt=8)
 
     tensors = {"frames_in": frames.contiguous(), "text": text.contiguous()}
     meta = {"source": "github.com/ByteDance-Seed/SeedVR", "commit": commit,
@@ -247,8 +228,8 @@ def main() -> None:
             # one-rank gloo group: the official @log_runtime decorators call torch.distributed.barrier()
             torch.distributed.init_process_group("gloo", init_method=f"file://{tmp}/pg", rank=0, world_size=1)
             for variant in VARIANTS:
-                runner, config, dit_sums, vae_sums = _runner(torch, checkout, variant, det_uniform, det_weights,
-                                                             _tiny_kwargs, _our_config, Path(tmp))
+                runner, config, dit_sums, vae_sums = _runner(torch, checkout, variant, _tiny_kwargs, _our_config,
+                                                             Path(tmp))
                 script = __import__(f"projects.inference_seedvr2_{variant}", fromlist=["generation_step"])
                 script.get_device = cpu
                 decoded_latents = []
