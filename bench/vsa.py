@@ -167,12 +167,12 @@ def main() -> None:
     q, k, v = (torch.randn(1, seq, heads, hd, device=dev, dtype=dtype) for _ in range(3))
     p = plan.num_prefix
     starts, sizes, tile_of = plan.tables(dev)
-    sel = select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk)
+    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk)
     pairs = attended_pairs(plan, sel)
     part = {"attended_fraction": pairs / (seq * seq * heads)}
     part["dense_attention_ms"], _ = timed(lambda: dense_attn(q, k, v), args.iters)
     part["vsa_attention_ms"], part["vsa_attention_peak_gib"] = timed(lambda: vsa(q, k, v, plan), args.iters)
-    part["select_ms"], _ = timed(lambda: select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk), args.iters)
+    part["select_ms"], _ = timed(lambda: select_tiles(q, k, p, plan.tile_sizes, plan.topk), args.iters)
     if dev.type == "cuda" and triton_supported(q):
         from comfyui_h3.backend.attention.vsa_kernel import triton_video_attention
 

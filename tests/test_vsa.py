@@ -61,8 +61,15 @@ def test_plan_permutation_round_trip_and_tile_membership():
         members = {cell(int(r)) for r in plan.order[start:start + size]}
         assert len(members) == 1
         cells.append(members.pop())
-    assert cells == sorted(cells) and len(set(cells)) == plan.num_tiles  # tiles in (t, h, w) order, each once
-    assert plan.tile_sizes.tolist() == [t * 4 * w for t in (4, 2) for _ in range(5) for w in (4, 4, 4, 1)]
+    assert len(set(cells)) == plan.num_tiles == len(cells)  # every cell once
+    # full tiles first, then the edge tiles grouped by size; (t, h, w) order inside each group
+    assert plan.size_groups == [(64, 15), (32, 15), (16, 5), (8, 5)]
+    run = 0
+    for size, count in plan.size_groups:
+        assert cells[run:run + count] == sorted(cells[run:run + count])
+        assert all(plan.tile_sizes[run:run + count] == size)
+        run += count
+    assert sorted(plan.tile_sizes.tolist()) == sorted(t * 4 * w for t in (4, 2) for _ in range(5) for w in (4, 4, 4, 1))
     tiled = plan.permute_layout(layout)  # the DiT's view: same rows, new places
     assert torch.equal(tiled.position_ids[tiled.video_indices], pos[layout.video_indices])
     assert torch.equal(tiled.token_tags[tiled.audio_indices], layout.token_tags[layout.audio_indices])
@@ -83,8 +90,7 @@ def test_fallback_matches_the_float64_rule(num_prefix, grid):
     plan, s = flat_plan(num_prefix, grid, topk=3)
     q, k, v = (torch.randn(2, s, 3, 32).bfloat16() for _ in range(3))
     want, sel = reference(q, k, v, num_prefix, plan.tile_sizes, plan.topk)
-    _, _, tile_of = plan.tables("cpu")
-    assert torch.equal(select_tiles(q, k, num_prefix, tile_of, plan.tile_sizes, plan.topk), sel)
+    assert torch.equal(select_tiles(q, k, num_prefix, plan.tile_sizes, plan.topk), sel)
     assert sel.shape[-1] == min(3, plan.num_tiles) and (sel.diff(dim=-1) > 0).all()
     got = sparse_attention(q, k, v, plan, _sdpa)
     assert got.dtype == torch.bfloat16 and rel_err(got, want) <= 2e-3
@@ -154,8 +160,7 @@ def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid):
     q, k, v = (torch.randn(1, s, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     want, sel = reference(q, k, v, num_prefix, plan.tile_sizes, plan.topk)
     qc, kc, vc = (t.cuda() for t in (q, k, v))
-    _, _, tile_of = plan.tables(qc.device)
-    assert torch.equal(select_tiles(qc, kc, num_prefix, tile_of, plan.tile_sizes, plan.topk).cpu(), sel)
+    assert torch.equal(select_tiles(qc, kc, num_prefix, plan.tile_sizes, plan.topk).cpu(), sel)
     got = sparse_attention(qc, kc, vc, plan, _sdpa, use_triton=True).cpu()
     assert rel_err(got, want) <= 2e-3
     full, _ = flat_plan(num_prefix, grid, topk=10_000)

@@ -26,20 +26,24 @@ except ImportError:  # pragma: no cover - depends on the install
     triton = None
 
 
-def pooled(x: torch.Tensor, num_prefix: int, tile_of: torch.Tensor, tile_sizes: torch.Tensor,
-           dtype=torch.float32) -> torch.Tensor:
-    """[B, S, H, D] -> mean over each video tile's rows [B, H, T, D] in `dtype`."""
+def pooled(x: torch.Tensor, num_prefix: int, tile_sizes: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """[B, S, H, D] -> mean over each video tile's rows [B, H, T, D] in `dtype`. Equal tiles lie in contiguous runs
+    (vsa_plan.tile_order), so each run is a [B, n, size, H, D] view summed in `dtype` (no converted copy of x)."""
     b, _, h, d = x.shape
-    t = tile_sizes.numel()
-    sums = x.new_zeros((b, t, h, d), dtype=dtype).index_add_(1, tile_of, x[:, num_prefix:].to(dtype))
-    return (sums / tile_sizes.to(sums.device, dtype).view(1, t, 1, 1)).transpose(1, 2)
+    sizes, counts = torch.unique_consecutive(tile_sizes.cpu(), return_counts=True)
+    parts, row = [], num_prefix
+    for size, count in zip(sizes.tolist(), counts.tolist()):
+        run = x[:, row:row + size * count].unflatten(1, (count, size))
+        parts.append(run.sum(2, dtype=dtype) / size)
+        row += size * count
+    return torch.cat(parts, dim=1).transpose(1, 2)
 
 
-def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_of: torch.Tensor, tile_sizes: torch.Tensor,
-                 topk: int, dtype=torch.float32) -> torch.Tensor:
+def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_sizes: torch.Tensor, topk: int,
+                 dtype=torch.float32) -> torch.Tensor:
     """The top-k video tiles of each video query tile: [B, H, T, k] long, ascending."""
-    qp = pooled(q, num_prefix, tile_of, tile_sizes, dtype)
-    kp = pooled(k, num_prefix, tile_of, tile_sizes, dtype)
+    qp = pooled(q, num_prefix, tile_sizes, dtype)
+    kp = pooled(k, num_prefix, tile_sizes, dtype)
     scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
     return torch.topk(scores, topk, dim=-1).indices.sort(dim=-1).values
 
@@ -49,10 +53,13 @@ def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int):
     qd, kd, vd = (t.double() for t in (q, k, v))
     b, s, h, d = q.shape
     p = num_prefix
-    tile_of = torch.repeat_interleave(torch.arange(tile_sizes.numel()), tile_sizes)
     starts = [p + int(x) for x in torch.cat([torch.zeros(1, dtype=torch.long), tile_sizes.cumsum(0)[:-1]])]
-    sel = select_tiles(qd, kd, p, tile_of, tile_sizes, topk, torch.float64)
     scale = d ** -0.5
+    # Selection written out on its own (not select_tiles): each tile's mean row, scores, top-k, ascending.
+    spans = [slice(st, st + int(n)) for st, n in zip(starts, tile_sizes.tolist())]
+    qp = torch.stack([qd[:, sp].mean(1) for sp in spans], dim=2)  # [B, H, T, D]
+    kp = torch.stack([kd[:, sp].mean(1) for sp in spans], dim=2)
+    sel = torch.topk(torch.einsum("bhtd,bhsd->bhts", qp, kp) * scale, topk, dim=-1).indices.sort(-1).values
     out = torch.zeros(b, s, h, d, dtype=torch.float64)
     for bi in range(b):
         for hi in range(h):
@@ -162,7 +169,7 @@ def sparse_attention(q, k, v, plan, dense, use_triton: bool | None = None) -> to
     queries through the Triton kernel (CUDA) or the torch fallback."""
     p = plan.num_prefix
     starts, sizes, tile_of = plan.tables(q.device)
-    sel = select_tiles(q, k, p, tile_of, plan.tile_sizes, plan.topk)
+    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk)
     if use_triton is None:
         use_triton = q.is_cuda and triton_supported(q)
     if use_triton:

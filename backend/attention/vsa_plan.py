@@ -6,8 +6,8 @@ Once per request, from the packed layout:
   masked in the kernel, no padding row ever enters the sequence);
 - every other row (text, keyframe / reference / guide rows, audio) is the prefix, kept in its packed order and cut
   into 64-row blocks (the last one shorter); the prefix is always attended in full, so its block cut is only tiling;
-- `order` is the permutation into [prefix | tile 0 | tile 1 | ...] (tiles in (t, h, w) tile order, rows inside a
-  tile (t, h, w) row-major); `inverse` takes it back.
+- `order` is the permutation into [prefix | tile 0 | tile 1 | ...] (full tiles first, then the edge tiles grouped
+  by size, (t, h, w) tile order inside each group; rows inside a tile (t, h, w) row-major); `inverse` takes it back.
 
 The permutation is applied once per request, not per block: `bind(step_plan)` returns the StepPlan with its layout's
 rows in tile order (position ids, tags and each row's timestep permuted, the index lists remapped), so the DiT embeds
@@ -114,7 +114,10 @@ def tile_order(grid: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
                 sizes.append(block.numel())
     if not parts:
         return idx.reshape(-1), torch.zeros(0, dtype=torch.long)
-    return torch.cat(parts), torch.tensor(sizes, dtype=torch.long)
+    # Full tiles first, then the edge tiles grouped by size ((t, h, w) order inside a group): each group of equal
+    # tiles is one contiguous [n, size] block, so pooling is a view and a sum, never a copy.
+    rank = sorted(range(len(parts)), key=lambda i: -sizes[i])
+    return torch.cat([parts[i] for i in rank]), torch.tensor([sizes[i] for i in rank], dtype=torch.long)
 
 
 @dataclass
@@ -142,6 +145,12 @@ class VSAPlan:
     @property
     def prefix_blocks(self) -> list[tuple[int, int]]:
         return [(s, min(TILE_ROWS, self.num_prefix - s)) for s in range(0, self.num_prefix, TILE_ROWS)]
+
+    @property
+    def size_groups(self) -> list[tuple[int, int]]:
+        """(tile size, number of tiles) of each run of equal tiles, in order."""
+        sizes, counts = torch.unique_consecutive(self.tile_sizes, return_counts=True)
+        return list(zip(sizes.tolist(), counts.tolist()))
 
     @property
     def topk(self) -> int:
