@@ -341,3 +341,46 @@ def test_seedvr2_refuses_vsa_and_does_not_list_it():
         seedvr2_config("dit.safetensors", "vae.safetensors", "text.safetensors", attention="vsa").validate()
     choices = H3SeedVR2Loader.INPUT_TYPES()["required"]["attention"][0]
     assert "sdpa" in choices and not any(name.startswith("vsa") for name in choices)
+
+
+def test_compiled_blocks_with_vsa_equal_eager(tiny_h3_dir):
+    """The engine compiles each block on CUDA; the sparse attention runs eagerly inside them (a graph break), so the
+    compiled forward on rows in tile order computes what the eager one does, for a sparse and a dense step."""
+    from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
+    from comfyui_h3.backend.pipelines.h3.components import compile_blocks
+    from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
+    from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan
+
+    spec = "vsa:topk=2,dense=0"
+    eager = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, attention=spec)
+    compiled = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, attention=spec)
+    compile_blocks(compiled)
+    layout = build_layout(torch.tensor([1, 1, 0, 1]), resolve_geometry(124, 64, 128), (1, 2, 2), ("first",))
+    plan = make_plan(layout, VSASettings(topk=2))
+    assert plan.num_tiles > 2
+    tiled = plan.permute_layout(layout)
+    ts, idx = row_timestep_plan(layout, 0.2, 0.7)
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
+            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
+            torch.randn(1, 4, eager.config.text_dim, generator=gen), ts, idx[plan.order], tiled.token_tags,
+            tiled.position_ids, tiled.video_indices, tiled.audio_indices, tiled.text_indices)
+    with torch.no_grad():
+        for step_plan in (plan, plan.dense()):
+            want = eager(*args, attention_plan=step_plan)
+            got = compiled(*args, attention_plan=step_plan)
+            assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+
+
+def test_fallback_chunks_keep_the_rule():
+    """The fallback's (heads, rows) chunking for bounded memory gives the unchunked result."""
+    from comfyui_h3.backend.attention.vsa_kernel import torch_video_attention
+
+    torch.manual_seed(3)
+    plan, s = flat_plan(70, (5, 6, 7), topk=3)
+    q, k, v = (torch.randn(2, s, 3, 32) for _ in range(3))
+    _, _, tile_of = plan.tables("cpu")
+    sel = select_tiles(q, k, 70, plan.tile_sizes, plan.topk)
+    whole = torch_video_attention(q, k, v, 70, tile_of, sel)
+    chunked = torch_video_attention(q, k, v, 70, tile_of, sel, mask_budget=5000)  # one head, a few rows a chunk
+    assert torch.allclose(chunked, whole, atol=1e-6, rtol=0)

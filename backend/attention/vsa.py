@@ -4,6 +4,8 @@ one string: "vsa" (defaults) or "vsa:topk=0.1,dense=0.2" (registry.get_backend p
 
 from __future__ import annotations
 
+import torch
+
 from .dispatch import _sdpa_cudnn_first
 from .registry import AttentionBackend, register
 from .vsa_kernel import sparse_attention
@@ -14,6 +16,13 @@ def _attend(q, k, v, plan=None):
     # No plan (the text refiner, an all-dense request) or a dense step: the dense backend, bit for bit.
     if plan is None or not plan.sparse:
         return _sdpa_cudnn_first(q, k, v)
+    return _sparse(q, k, v, plan)
+
+
+@torch.compiler.disable
+def _sparse(q, k, v, plan):
+    # Eager inside compiled blocks (one graph break around it): the tile selection reads host-side tile sizes and
+    # launches its own kernel; tracing it would specialise the graph on each request's plan.
     return sparse_attention(q, k, v, plan, _sdpa_cudnn_first)
 
 

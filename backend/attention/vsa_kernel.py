@@ -77,21 +77,28 @@ def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int):
 
 
 def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: torch.Tensor,
-                          heads_per_chunk: int = 4) -> torch.Tensor:
+                          mask_budget: int = 1 << 26) -> torch.Tensor:
     """The video queries' rows of the rule with a block mask through SDPA (fp32): [B, S - P, H, D] in q's dtype.
-    Memory O(heads_per_chunk * (S - P) * S) booleans: meant for the CPU and small shapes."""
+    Where Triton or a GPU is absent. Works through (heads, query rows) chunks whose boolean mask holds about
+    `mask_budget` entries, so memory stays bounded at any length (it is slow: the masked keys are still computed)."""
     b, s, h, d = q.shape
     p, t = num_prefix, sel.shape[2]
     block = torch.zeros(b, h, t, t, dtype=torch.bool, device=q.device)
     block.scatter_(-1, sel, True)
-    out = []
-    for h0 in range(0, h, heads_per_chunk):
-        hs = slice(h0, min(h, h0 + heads_per_chunk))
-        video = block[:, hs][:, :, tile_of][:, :, :, tile_of]  # [B, h, Sv, Sv]
-        mask = torch.cat([video.new_ones(video.shape[:3] + (p,)), video], dim=-1)
-        qh, kh, vh = (x[:, :, hs].transpose(1, 2).float() for x in (q, k, v))
-        out.append(F.scaled_dot_product_attention(qh[:, :, p:], kh, vh, attn_mask=mask).transpose(1, 2))
-    return torch.cat(out, dim=2).to(q.dtype)
+    out = q.new_empty((b, s - p, h, d))
+    heads = max(1, min(h, mask_budget // max(1, b * s * (s - p))))
+    rows = max(1, min(s - p, mask_budget // max(1, b * heads * s)))
+    for h0 in range(0, h, heads):
+        hs = slice(h0, min(h, h0 + heads))
+        kh, vh = (x[:, :, hs].transpose(1, 2).float() for x in (k, v))
+        for r0 in range(0, s - p, rows):
+            rs = slice(r0, min(s - p, r0 + rows))
+            video = block[:, hs][:, :, tile_of[rs]][:, :, :, tile_of]  # [B, heads, rows, Sv]
+            mask = torch.cat([video.new_ones(video.shape[:3] + (p,)), video], dim=-1)
+            qh = q[:, p + rs.start:p + rs.stop, hs].transpose(1, 2).float()
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+            out[:, rs, hs] = o.transpose(1, 2).to(q.dtype)
+    return out
 
 
 if triton is not None:
