@@ -284,27 +284,10 @@ def test_loader_offers_the_cache_as_an_appended_optional_widget(tiny_h3_dir, mon
 
 @pytest.mark.parametrize("flag,want", [([], "direct"), (["--adaln-cache"], "cache")])
 def test_cli_adaln_cache_flag_reaches_the_engine_config(monkeypatch, flag, want):
-    import comfyui_h3.backend.engine as engine_module
-    from comfyui_h3.cli import _parser
-    from comfyui_h3.cli_generate import run_on_engine
+    from cli_engine_configs import engine_configs_for
 
-    seen = []
-
-    class FakeEngine:
-        def generate(self, request, progress=None, should_cancel=None):
-            return "result"
-
-        def shutdown(self):
-            pass
-
-    monkeypatch.setattr(engine_module, "get_engine", lambda config: seen.append(config) or FakeEngine())
-    for command in (["generate", "--prompt", "x"], ["edit", "--video", "v.mp4", "--mask", "m.png", "--prompt", "x",
-                                                      "--out", "o.mp4"],
-                    ["extend", "--video", "v.mp4", "--prompt", "x", "--seconds", "5", "--out", "o.mp4"]):
-        args = _parser().parse_args(command + flag)
-        args.device = "cpu"
-        assert run_on_engine(args, "/models/h3", t2va(), "denoise") == "result"
-        assert seen[-1].weights.adaln == want
+    configs = engine_configs_for(monkeypatch, flag, t2va())
+    assert len(configs) == 3 and all(c.weights.adaln == want for c in configs)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the page-locked host home of the "

@@ -420,27 +420,10 @@ def test_loader_widget_appended_with_its_choices(tiny_h3_dir, monkeypatch):
 @pytest.mark.parametrize("flag,want", [([], ("resident", None)), (["--resident-blocks", "auto"], ("offload", None)),
                                        (["--resident-blocks", "0"], ("offload", 0))])
 def test_cli_resident_blocks_reaches_the_engine_config(monkeypatch, flag, want):
-    import comfyui_h3.backend.engine as engine_module
-    from comfyui_h3.cli import _parser
-    from comfyui_h3.cli_generate import run_on_engine
+    from cli_engine_configs import engine_configs_for
 
-    seen = []
-
-    class FakeEngine:
-        def generate(self, request, progress=None, should_cancel=None):
-            return "result"
-
-        def shutdown(self):
-            pass
-
-    monkeypatch.setattr(engine_module, "get_engine", lambda config: seen.append(config) or FakeEngine())
-    for command in (["generate", "--prompt", "x"], ["edit", "--video", "v.mp4", "--mask", "m.png", "--prompt", "x",
-                                                      "--out", "o.mp4"],
-                    ["extend", "--video", "v.mp4", "--prompt", "x", "--seconds", "5", "--out", "o.mp4"]):
-        args = _parser().parse_args(command + flag)
-        args.device = "cpu"
-        assert run_on_engine(args, "/models/h3", _request(), "denoise") == "result"
-        assert (seen[-1].weights.placement, seen[-1].weights.resident_blocks) == want
+    configs = engine_configs_for(monkeypatch, flag, _request())
+    assert len(configs) == 3 and all((c.weights.placement, c.weights.resident_blocks) == want for c in configs)
 
 
 def test_cli_refuses_a_bad_resident_blocks(capsys):
