@@ -128,7 +128,7 @@ _INTERPRETED = textwrap.dedent("""
         _, sizes = tile_order(grid)
         s = num_prefix + int(sizes.sum())
         plan = VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=2))
-        q, k, v = (torch.randn(1, s, 2, 16).to(torch.float16) for _ in range(3))
+        q, k, v = torch.randn(1, s, 3, 2, 16).to(torch.float16).unbind(2)  # strided views, as fused qkv gives
         want, _ = reference(q, k, v, num_prefix, sizes, plan.topk)
         dense = lambda a, b, c: _sdpa(a.float(), b.float(), c.float()).to(a.dtype)
         got = sparse_attention(q, k, v, plan, dense, use_triton=True)

@@ -106,8 +106,9 @@ if triton is not None:
     def _attend_block(q, acc, m_i, l_i, k_base, v_base, k_start, k_len, sks, svs, qk_scale, rows, dims):
         # One key block (k_len <= BLOCK rows from k_start) into the online softmax state.
         valid = rows < k_len
-        kk = tl.load(k_base + (k_start + rows)[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
-        vv = tl.load(v_base + (k_start + rows)[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
+        keys = (k_start + rows).to(tl.int64)  # row offsets pass 2^31 elements past ~100k rows of fused qkv
+        kk = tl.load(k_base + keys[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
+        vv = tl.load(v_base + keys[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -123,13 +124,14 @@ if triton is not None:
                        HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
         tile = tl.program_id(0)
         bh = tl.program_id(1)
-        b = bh // H
-        h = bh % H
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
         q_start = tl.load(starts + tile)
         q_len = tl.load(sizes + tile)
         rows = tl.arange(0, BLOCK)
         dims = tl.arange(0, HEAD_DIM)
-        q = tl.load(Q + b * sqb + h * sqh + (q_start + rows)[:, None] * sqs + dims[None, :],
+        q_rows = (q_start + rows).to(tl.int64)
+        q = tl.load(Q + b * sqb + h * sqh + q_rows[:, None] * sqs + dims[None, :],
                     mask=rows[:, None] < q_len, other=0.0)
         m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK,), tl.float32)
@@ -145,7 +147,7 @@ if triton is not None:
             acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_base, v_base, tl.load(starts + kt), tl.load(sizes + kt),
                                           sks, svs, qk_scale, rows, dims)
         out = acc / l_i[:, None]
-        tl.store(O + b * sob + h * soh + (q_start + rows)[:, None] * sos + dims[None, :],
+        tl.store(O + b * sob + h * soh + q_rows[:, None] * sos + dims[None, :],
                  out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
 
 
