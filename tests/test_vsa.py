@@ -384,3 +384,14 @@ def test_fallback_chunks_keep_the_rule():
     whole = torch_video_attention(q, k, v, 70, tile_of, sel)
     chunked = torch_video_attention(q, k, v, 70, tile_of, sel, mask_budget=5000)  # one head, a few rows a chunk
     assert torch.allclose(chunked, whole, atol=1e-6, rtol=0)
+
+
+def test_tiny_t2va_vsa_with_the_adaln_cache(tiny_h3_dir, dense_run):
+    """The AdaLN table cache plans its steps from the bound (tile-ordered) StepPlan: same result as without it."""
+    from comfyui_h3.backend.runtime import WeightPolicy
+
+    cached = h3_config(str(tiny_h3_dir), dtype="float32", attention="vsa:topk=10000,dense=1",
+                       weights=WeightPolicy(adaln="cache")).build_pipeline(0).run(_t2va())
+    plain = _vsa_run(tiny_h3_dir, "vsa:topk=10000,dense=1")
+    assert torch.equal(cached.video_latents, plain.video_latents)
+    assert rel_err(cached.video_latents, dense_run.video_latents) < 1e-4
