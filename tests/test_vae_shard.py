@@ -137,33 +137,26 @@ def _restore(c, ctx, frames, color):
     return out, sorted(timings)
 
 
-def _cpu(x):
-    return x.cpu() if isinstance(x, torch.Tensor) else x
-
-
 def _rank(rank, world, port, out_dir, tiny_dir, backend="gloo", device_type="cpu"):
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    ctx = ParallelContext(rank, world)
+    from dist_ranks import join_group, to_cpu
+
+    device, ctx = join_group(rank, world, port, backend, device_type)
     result = {"encode": {}, "decode": {}, "restore": {}}
     vae = _vae(device=device)
     for frames, step in ENCODES:
-        result["encode"][(frames, step)] = tuple(_cpu(t) for t in vae_shard.encode(vae, ctx, _video(frames).to(device),
+        result["encode"][(frames, step)] = tuple(to_cpu(t) for t in vae_shard.encode(vae, ctx, _video(frames).to(device),
                                                                                     step))
     for t, step, dtype in DECODES:
         model = vae if dtype == torch.float32 else _vae(dtype, device)
         got = vae_shard.decode(model, ctx, _latents(t).to(device, dtype), step)
-        result["decode"][(t, step, str(dtype))] = _cpu(got)
+        result["decode"][(t, step, str(dtype))] = to_cpu(got)
     if tiny_dir is not None:
         c = _on(_tiny_components(tiny_dir), device)
         for frames, color in RESTORES:
             out, stages = _restore(c, ctx, frames, color)
-            result["restore"][(frames, color)] = (_cpu(out), stages)
+            result["restore"][(frames, color)] = (to_cpu(out), stages)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 

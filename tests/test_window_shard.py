@@ -18,7 +18,7 @@ from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.seedvr2.window_attention import window_attention
 from comfyui_h3.backend.models.seedvr2.windows import REGULAR, SHIFTED, layer_window_methods, window_layout
 from comfyui_h3.backend.parallel import window_shard
-from comfyui_h3.backend.parallel.context import SINGLE, ParallelContext
+from comfyui_h3.backend.parallel.context import SINGLE
 from comfyui_h3.backend.parallel.window_shard import (
     ShardedWindowRouting, WindowShardPlan, assign_windows, plan_report, window_cost)
 
@@ -322,19 +322,12 @@ def _dit_routed(variant, ctx, device="cpu"):
 
 # -- several ranks: gloo on CPU here; NCCL (and gloo on CUDA tensors) where there are 2 GPUs ------------------------
 
-def _cpu(x):
-    return x.cpu() if isinstance(x, torch.Tensor) else x
-
-
 def _rank(rank, world, port, out_dir, backend="gloo", device_type="cpu"):
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    ctx = ParallelContext(rank, world)
+    from dist_ranks import join_group, to_cpu
+
+    device, ctx = join_group(rank, world, port, backend, device_type)
     result = {"moves": {}, "layers": {}}
     for grid in GRIDS:
         routing = ShardedWindowRouting(ctx, grid, LAYERS)
@@ -345,12 +338,12 @@ def _rank(rank, world, port, out_dir, backend="gloo", device_type="cpu"):
             for layer in range(LAYERS - 1):
                 x = routing.advance(x, layer)
                 ok.append(torch.equal(x, tokens[routing.rows(layer + 1).row_ids]) and x.device == device)
-            result["moves"][(grid, str(dtype))] = (ok, x.shape[0], _cpu(routing.finish(x)))
+            result["moves"][(grid, str(dtype))] = (ok, x.shape[0], to_cpu(routing.finish(x)))
         if grid != GRIDS[-1]:
             got = _routed_layers(ShardedWindowRouting(ctx, grid, 3), grid, 3, device)
-            result["layers"][grid] = tuple(_cpu(t) for t in got)
-    result["dit"] = {variant: _cpu(_dit_routed(variant, ctx, device)) for variant in ("3b", "7b")}
-    result["text"] = _cpu(routing.reduce_text(torch.full((TXT, HEADS, HEAD_DIM), rank + 1.0, device=device)))
+            result["layers"][grid] = tuple(to_cpu(t) for t in got)
+    result["dit"] = {variant: to_cpu(_dit_routed(variant, ctx, device)) for variant in ("3b", "7b")}
+    result["text"] = to_cpu(routing.reduce_text(torch.full((TXT, HEADS, HEAD_DIM), rank + 1.0, device=device)))
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
