@@ -6,8 +6,11 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
 
     python bench/vsa.py [--seconds 10] [--topk 0.1] [--iters 5] [--skip-diffusers] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
+    python bench/vsa.py --quality MODEL_DIR|tiny [--steps 50] [--seconds 5] [--settings 0.1:0.25 64:10 ...]
+        final latents of one t2va request under each topk:dense setting vs dense (relative error, seconds)
 
-One JSON line per part on stdout ("part": env, plan, block, attention, summary).
+One JSON line per part on stdout ("part": env, plan, block, attention, summary; quality: one "quality" line per
+setting).
 """
 
 from __future__ import annotations
@@ -77,6 +80,38 @@ def attended_pairs(plan, sel: torch.Tensor) -> float:
     return video + plan.num_prefix * seq * sel.shape[0] * sel.shape[1]
 
 
+def quality(args) -> None:
+    """Final latents of one t2va request with each VSA setting vs the dense backend, same seed."""
+    import tempfile
+
+    from comfyui_h3.backend.models.tiny import make_tiny_h3
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+    from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+    model = args.quality
+    if model == "tiny":
+        model = str(make_tiny_h3(os.path.join(tempfile.mkdtemp(), "tiny-h3")))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    w, h = (128, 64) if args.quality == "tiny" else (1344, 768)
+    request = dict(prompt="a red fox trots through fresh snow at dawn", num_frames=int(round(args.seconds * 24)),
+                   steps=args.steps, seed=42, width=w, height=h, decode=False)
+
+    def run(attention):
+        pipe = h3_config(model, dtype=dtype, device=device, attention=attention).build_pipeline(0)
+        start = time.perf_counter()
+        result = pipe.run(H3Request(**request))
+        return result, time.perf_counter() - start
+
+    dense, dense_s = run("sdpa")
+    emit("quality", setting="dense", seconds=dense_s, video_rel_err=0.0, audio_rel_err=0.0)
+    for setting in args.settings:
+        topk, _, dense_steps = setting.partition(":")
+        got, secs = run(f"vsa:topk={topk},dense={dense_steps or 0}")
+        emit("quality", setting=setting, seconds=secs, video_rel_err=rel(got.video_latents, dense.video_latents),
+             audio_rel_err=rel(got.audio_latents, dense.audio_latents))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -86,7 +121,13 @@ def main() -> None:
     ap.add_argument("--skip-diffusers", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
     ap.add_argument("--json")
+    ap.add_argument("--quality", metavar="MODEL_DIR|tiny", help="the quality table instead of the timings")
+    ap.add_argument("--steps", type=int, default=50, help="--quality: denoising steps")
+    ap.add_argument("--settings", nargs="+", default=["0.05:0", "0.1:0", "0.1:0.25", "0.2:0.25", "0.3:0.5"],
+                    help="--quality: topk:dense_steps pairs (counts >= 1 or fractions < 1)")
     args = ap.parse_args()
+    if args.quality:
+        return quality(args)
 
     tiny = args.tiny
     dev = torch.device("cpu" if tiny else "cuda")

@@ -395,3 +395,16 @@ def test_tiny_t2va_vsa_with_the_adaln_cache(tiny_h3_dir, dense_run):
     plain = _vsa_run(tiny_h3_dir, "vsa:topk=10000,dense=1")
     assert torch.equal(cached.video_latents, plain.video_latents)
     assert rel_err(cached.video_latents, dense_run.video_latents) < 1e-4
+
+
+def test_bench_quality_dry_run():
+    """bench/vsa.py --quality tiny: the quality table (final latents vs dense per setting) runs end to end."""
+    import json
+
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--quality", "tiny", "--steps", "2",
+                           "--seconds", "5", "--settings", "1:0", "1000:0"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["setting"] for r in rows] == ["dense", "1:0", "1000:0"]
+    assert rows[1]["video_rel_err"] > 1e-4 > rows[2]["video_rel_err"]  # one tile of several vs every tile
