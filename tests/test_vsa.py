@@ -15,7 +15,7 @@ from comfyui_h3.backend.attention.registry import available, get_backend
 from comfyui_h3.backend.attention.vsa_kernel import reference, select_tiles, sparse_attention, triton
 from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, make_plan, tile_order
 from comfyui_h3.backend.pipelines.h3.family import h3_config
-from comfyui_h3.backend.pipelines.h3.layout import build_layout, build_reference_layout, ReferenceBlock
+from comfyui_h3.backend.pipelines.h3.layout import ReferenceBlock, build_layout, build_reference_layout
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,8 +54,10 @@ def test_plan_permutation_round_trip_and_tile_membership():
     pos = layout.position_ids
     frame_t = torch.unique(pos[-n_target:, 0])
     h_vals, w_vals = torch.unique(pos[-n_target:, 1]), torch.unique(pos[-n_target:, 2])
-    cell = lambda row: (int(torch.searchsorted(frame_t, pos[row, 0])) // 4,  # noqa: E731
-                        int(torch.searchsorted(h_vals, pos[row, 1])) // 4, int(torch.searchsorted(w_vals, pos[row, 2])) // 4)
+    def cell(row):
+        return tuple(int(torch.searchsorted(vals, pos[row, axis])) // 4
+                     for axis, vals in enumerate((frame_t, h_vals, w_vals)))
+
     cells = []
     for start, size in zip(plan.tile_starts.tolist(), plan.tile_sizes.tolist()):
         members = {cell(int(r)) for r in plan.order[start:start + size]}
@@ -185,8 +187,6 @@ def test_settings_schedule_and_names():
 def test_bind_runs_dense_steps_first_then_sparse():
     geo = type("Geo", (), dict(latent_height=16, latent_width=16, latent_frames=8, audio_latents=2))()
     layout = build_layout(torch.ones(3, dtype=torch.long), geo, (1, 2, 2))
-    step_plan = type("SP", (), {})()
-    from comfyui_h3.backend.pipelines.h3.schedule import DualSchedule  # noqa: F401 - StepPlan needs a schedule
     from comfyui_h3.backend.pipelines.h3.step_plan import StepPlan
 
     sched = type("Sched", (), dict(num_evaluations=4))()
