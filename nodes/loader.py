@@ -13,18 +13,10 @@ from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLO
 from ..backend.runtime import WeightPolicy
 from ..tiny_model import TINY_NAME, ensure_tiny_model
 from ..types import H3EngineHandle
+from .widgets import DEVICE_INPUT, GPUS_INPUT, attention_input, check_device, cuda_available
 
 WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' widget -> WeightPolicy.storage
 VSA_DEFAULTS = VSASettings()  # the vsa widgets' defaults
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
 
 
 class H3ModelLoader:
@@ -45,24 +37,18 @@ class H3ModelLoader:
                     "tooltip": "A MiniMax-H3 diffusers folder under models/minimax_h3, models/diffusers or "
                                "models/diffusion_models (extra_model_paths.yaml included). The built-in tiny model "
                                "runs anywhere but makes noise-like video."}),
-                "device": (["auto", "cuda", "cpu"], {
-                    "default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),
+                **DEVICE_INPUT,
                 "dtype": (list(DTYPES), {
                     "default": "bfloat16",
                     "tooltip": "Compute precision of the transformer and text encoder. The checkpoint's float32 "
                                "layers stay float32. bfloat16 is what the model was released in."}),
-                "attention": (attention_backends(), {
-                    "default": "sdpa", "tooltip": "Attention kernel: " + "; ".join(
-                        f"{name}: {text}" for name, text in attention_descriptions().items()) + "."}),
+                **attention_input(attention_backends(), attention_descriptions()),
                 "sp_degree": ("INT", {
                     "default": 1, "min": 1, "max": 8,
                     "tooltip": "Sequence-parallel ranks (Ulysses): one worker per GPU, each holding the model and "
                                "1/N of the sequence. Must divide the model's attention heads (56: 1, 2, 4, 7, 8). "
                                "On the CPU, N processes (for testing)."}),
-                "gpus": ("STRING", {
-                    "default": "",
-                    "tooltip": "GPU ids for the ranks, e.g. 0,1,2,3 (one per rank). Empty: GPUs 0..N-1. 'all': "
-                               "every visible GPU, and the degree becomes their count."}),
+                **GPUS_INPUT,
                 "executor": (["mp", "ray"], {
                     "default": "mp",
                     "tooltip": "mp: one worker process per rank on this machine. ray: the ranks as Ray actors on a "
@@ -107,11 +93,7 @@ class H3ModelLoader:
     def VALIDATE_INPUTS(cls, device):
         # Names only `device`: ComfyUI skips its own combo check for the inputs named here, so model / dtype /
         # attention stay checked against their lists at queue time.
-        if device not in ("auto", "cuda", "cpu"):
-            return f"device must be auto, cuda or cpu, got {device!r}."
-        if device == "cuda" and not _cuda_available():
-            return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
-        return True
+        return check_device(device)
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
              adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None):
@@ -126,7 +108,7 @@ class H3ModelLoader:
         else:
             path = services.resolve_h3_model(model)
         if device == "auto":
-            device = "cuda" if _cuda_available() else "cpu"
+            device = "cuda" if cuda_available() else "cpu"
         if executor == "ray":
             gpus = ""  # Ray assigns one GPU per actor
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)

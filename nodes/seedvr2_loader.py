@@ -11,7 +11,8 @@ from ..backend.engine_config import DTYPES
 from ..backend.pipelines.seedvr2.family import DIT_VARIANTS, seedvr2_config
 from ..tiny_model import TINY_SEEDVR2_NAME, ensure_tiny_seedvr2
 from ..types import H3EngineHandle
-from .loader import _cuda_available, resolve_devices
+from .loader import resolve_devices
+from .widgets import DEVICE_INPUT, GPUS_INPUT, attention_input, check_device, cuda_available
 
 AUTO_VAE = "auto"
 SEEDVR2_ENGINE = "SEEDVR2_ENGINE"
@@ -47,23 +48,17 @@ class H3SeedVR2Loader:
                     "default": "auto",
                     "tooltip": "auto: the model the file holds (read from its header). 3b / 7b: refuse a file of "
                                "the other model with a clear error before anything loads."}),
-                "device": (["auto", "cuda", "cpu"], {
-                    "default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),
+                **DEVICE_INPUT,
                 "dtype": (list(DTYPES), {
                     "default": "bfloat16",
                     "tooltip": "Compute precision of the DiT (fp8 files are cast to it at load). The VAE runs in "
                                "bfloat16, or float32 when this is float32."}),
-                "attention": (attention_backends(), {
-                    "default": "sdpa", "tooltip": "Attention kernel: " + "; ".join(
-                        f"{name}: {attention_descriptions()[name]}" for name in attention_backends()) + "."}),
+                **attention_input(attention_backends(), attention_descriptions()),
                 "sp_degree": ("INT", {
                     "default": 1, "min": 1, "max": 8,
                     "tooltip": "Window-parallel ranks: one worker per GPU, each holding the model and a share of "
                                "the attention windows (any count works). On the CPU, N processes (for testing)."}),
-                "gpus": ("STRING", {
-                    "default": "",
-                    "tooltip": "GPU ids for the ranks, e.g. 0,1,2,3 (one per rank). Empty: GPUs 0..N-1. 'all': "
-                               "every visible GPU, and the degree becomes their count."}),
+                **GPUS_INPUT,
             }
         }
 
@@ -72,16 +67,12 @@ class H3SeedVR2Loader:
         # Names only `device`: ComfyUI keeps its own list checks for model / vae / variant / dtype / attention. Whether
         # the chosen file holds the chosen variant needs two inputs; it is checked first thing in load() from the
         # file's header (config.validate), before any process starts or any weight is read.
-        if device not in ("auto", "cuda", "cpu"):
-            return f"device must be auto, cuda or cpu, got {device!r}."
-        if device == "cuda" and not _cuda_available():
-            return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
-        return True
+        return check_device(device)
 
     def load(self, model, vae, variant, device, dtype, attention, sp_degree=1, gpus=""):
         dit_path, vae_path, text_path = resolve_seedvr2_files(model, vae)
         if device == "auto":
-            device = "cuda" if _cuda_available() else "cpu"
+            device = "cuda" if cuda_available() else "cpu"
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = seedvr2_config(dit_path, vae_path, text_path, variant=variant, dtype=dtype,
                                 vae_dtype="float32" if dtype == "float32" else "bfloat16", device=device,

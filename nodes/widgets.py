@@ -1,5 +1,7 @@
 """Widget declarations several nodes share, stated once so their ranges, defaults and tooltips cannot drift."""
 
+from __future__ import annotations
+
 SHIFT_INPUTS = {
     "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
                               "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model folder's "
@@ -8,3 +10,40 @@ SHIFT_INPUTS = {
                               "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model folder's "
                                          "(audio_scheduler/scheduler_config.json: 3 for the release)."}),
 }
+
+DEVICES = ("auto", "cuda", "cpu")
+DEVICE_INPUT = {
+    "device": (list(DEVICES), {"default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),
+}
+GPUS_INPUT = {
+    "gpus": ("STRING", {
+        "default": "",
+        "tooltip": "GPU ids for the ranks, e.g. 0,1,2,3 (one per rank). Empty: GPUs 0..N-1. 'all': every visible "
+                   "GPU, and the degree becomes their count."}),
+}
+
+
+def attention_input(names: list[str], descriptions: dict[str, str]) -> dict:
+    """The attention-kernel combo over `names` (a loader's list), each described in the tooltip."""
+    return {"attention": (names, {
+        "default": "sdpa",
+        "tooltip": "Attention kernel: " + "; ".join(f"{n}: {descriptions[n]}" for n in names if n in descriptions)
+                   + "."})}
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def check_device(device) -> bool | str:
+    """A loader's VALIDATE_INPUTS for its `device` widget: True, or what to change."""
+    if device not in DEVICES:
+        return f"device must be auto, cuda or cpu, got {device!r}."
+    if device == "cuda" and not cuda_available():
+        return "device is 'cuda' but no CUDA GPU is visible to ComfyUI; choose 'auto' or 'cpu'."
+    return True
