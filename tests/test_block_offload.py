@@ -403,7 +403,8 @@ def test_loader_widget_appended_with_its_choices(tiny_h3_dir, monkeypatch):
     from comfyui_h3.nodes import loader
 
     spec = loader.H3ModelLoader.INPUT_TYPES()
-    assert list(spec["optional"])[-1] == "resident_blocks"  # appended: saved workflows keep their widget order
+    # appended after the widgets that came before it (later ones go after it): saved workflows keep their order
+    assert list(spec["optional"])[:3] == ["adaln_cache", "weights", "resident_blocks"]
     choices, opts = spec["optional"]["resident_blocks"]  # a list: ComfyUI refuses other values at queue time
     assert choices[:3] == ["all", "auto", "0"] and choices[-1] == "50" and opts["default"] == "all"
     assert "auto" in opts["tooltip"]
