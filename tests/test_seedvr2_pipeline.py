@@ -128,3 +128,28 @@ def test_memory_refusal_names_what_fits():
     assert memory.check_fits(config, 17, *args, free) == 17
     with pytest.raises(RequestError, match="single frame"):
         memory.check_fits(config, 0, *args, 1024**3)
+
+
+def _min_rank(rank, world, port, out):
+    import torch.distributed as dist
+
+    from dist_ranks import join_group
+
+    _, ctx = join_group(rank, world, port)
+    out[rank] = ctx.min([7 << 30, 3 << 30][rank])  # each rank's free bytes differ
+    dist.destroy_process_group()
+
+
+def test_every_rank_plans_from_the_least_free_memory():
+    """SeedVR2 ranks choose the batch from the least free memory over all ranks (the same batch everywhere, or a
+    refusal everywhere): ParallelContext.min on 2 gloo ranks."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = mp.get_context("spawn").Manager().dict()
+    mp.spawn(_min_rank, args=(2, port, out), nprocs=2, join=True)
+    assert dict(out) == {0: 3 << 30, 1: 3 << 30}

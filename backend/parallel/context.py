@@ -60,6 +60,17 @@ class ParallelContext:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
 
+    def min(self, value: int) -> int:
+        """The smallest of every rank's `value` (a CPU all-reduce), so that every rank plans alike (e.g. from the
+        least free device memory)."""
+        if self.world == 1:
+            return int(value)
+        import torch.distributed as dist
+
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def broadcast_from_driver(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's `tensor` on every rank, in place (every rank passes one of the same shape and dtype)."""
         if self.world > 1:

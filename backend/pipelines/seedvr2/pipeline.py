@@ -40,10 +40,12 @@ class SeedVR2Pipeline:
         return make
 
     def _free_bytes(self) -> int | None:
+        """The least free device memory over the ranks (every rank must choose the same batch, or refuse together:
+        a rank planning alone could leave the others waiting in a collective). None on the CPU."""
         if self.c.device.type != "cuda":
             return None
         free, _ = torch.cuda.mem_get_info(self.c.device)
-        return int(free)
+        return self.parallel.min(int(free))
 
     def plan(self, req: UpscaleRequest):
         """(geometry, batch plan) of a request, or a RequestError before any work."""
