@@ -8,7 +8,7 @@ than two channels are downmixed to stereo by default (libswresample's matrix), m
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -16,8 +16,7 @@ import torch
 
 from .container import describe as _describe, open_container as _open
 
-if TYPE_CHECKING:
-    from .decode import FramePlan
+from .frame_plan import FramePlan
 
 
 def _audio_layout(stream, stereo_downmix: bool) -> str:

@@ -51,7 +51,8 @@ from av.video.reformatter import ColorRange, Colorspace
 from .audio_decode import decode_audio, decode_planned_audio, decode_reference_audio  # noqa: F401 - public here too
 from .container import describe as _describe, open_container as _open
 from .encode import as_fraction
-from .resize import ResizePlan, apply_resize, plan_resize
+from .frame_plan import FramePlan
+from .resize import apply_resize, plan_resize
 
 log = logging.getLogger(__name__)
 
@@ -144,38 +145,6 @@ def hold_counts(num_frames: int, src_rate: Fraction, target_rate: Fraction) -> l
 
 
 # -- plan: which source frame fills each output frame (demux only, no decoding) ----------------------------------------
-@dataclass
-class FramePlan:
-    """What `decode_planned_frames` will produce, known before decoding.
-
-    sources[k] = index (in presentation order) of the source frame shown as output frame k; pts_index maps a source
-    frame's pts to that index. start_time: the stream-timeline second of output frame 0 (audio is cut from there);
-    duration: seconds the output covers (frame_count * select_every_nth / grid rate)."""
-
-    sources: list[int]
-    pts_index: dict[int, int]
-    frame_rate: Fraction
-    grid_rate: Fraction
-    source_frame_rate: Fraction
-    width: int  # output size (after rotation and resize)
-    height: int
-    coded_width: int  # the stream's own size (frames are scaled to it before rotation)
-    coded_height: int
-    rotation: int  # counter-clockwise quarter turns applied to each frame (0..3)
-    resize: ResizePlan | None
-    start_time: float
-    duration: float
-    select_every_nth: int = 1
-    selecting: bool = False
-    trims_time: bool = False  # skip_first_frames, frame_load_cap or max_seconds took a section (not only a rate)
-    metadata: dict = field(default_factory=dict)
-    has_audio: bool = False
-
-    @property
-    def frame_count(self) -> int:
-        return len(self.sources)
-
-
 def _slot(offset_ticks: int, tb: Fraction, rate: Fraction) -> int:
     """floor(offset_ticks * tb * rate + 1/2), in integers."""
     num = offset_ticks * tb.numerator * rate.numerator
