@@ -234,7 +234,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+# multiprocessing's resource tracker (a helper process, started with the first worker) reports at exit the
+# semaphores a stopped run's workers left it to remove, after removing them: after Ctrl-C that is a page of warnings
+# about nothing a user can act on. The filter reaches the tracker through the interpreter flags it is started with.
+_TRACKER_QUIET = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _TRACKER_QUIET not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_QUIET)
     args = _parser().parse_args(argv)
     _show_worker_reports(bool(os.environ.get("COMFYUI_H3_DEBUG")))
     try:

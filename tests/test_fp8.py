@@ -336,6 +336,7 @@ def _fp8_rank(rank, world, port, out_dir):
     with torch.no_grad():
         outputs = _fp8_model()(*args, shard=SequenceShard(rank, world, args[6].shape[0]))
     torch.save(outputs, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # neither rank tears its connection down while the other still uses it (gloo aborts the peer)
     dist.destroy_process_group()
 
 
