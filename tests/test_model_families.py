@@ -57,6 +57,8 @@ def test_toy_request_errors_and_stop_come_back_as_such():
     from comfyui_h3.backend.engine import EngineCancelled
 
     toy = get_engine(EngineConfig(REFERENCE, ToyOptions(), world_size=2))
+    assert toy.generate(ToyRequest([1.0], steps=1)).values == [2.0]  # loaded: a Stop below lands at a step, not
+    # during the model load (which a loaded machine can make last past the first Stop poll)
     with pytest.raises(RequestError):
         toy.generate(ToyRequest(steps=0))
     with pytest.raises(EngineCancelled, match="Stopped before step"):  # the driver polls Stop every 0.1 s
