@@ -255,26 +255,10 @@ def test_loader_offers_vsa_settings_as_appended_optional_widgets(tiny_h3_dir, mo
                                         (["--attention", "vsa", "--vsa-topk", "64", "--vsa-dense-steps", "10"],
                                          "vsa:topk=64,dense=10")])
 def test_cli_vsa_flags_reach_the_engine_config(monkeypatch, flags, want):
-    import comfyui_h3.backend.engine as engine_module
-    from comfyui_h3.cli import _parser
-    from comfyui_h3.cli_generate import run_on_engine
+    from cli_engine_configs import engine_configs_for
 
-    seen = []
-
-    class FakeEngine:
-        def generate(self, request, progress=None, should_cancel=None):
-            return "result"
-
-        def shutdown(self):
-            pass
-
-    monkeypatch.setattr(engine_module, "get_engine", lambda config: seen.append(config) or FakeEngine())
-    for command in (["generate", "--prompt", "x"], ["extend", "--video", "v.mp4", "--prompt", "x", "--seconds", "5",
-                                                    "--out", "o.mp4"]):
-        args = _parser().parse_args(command + flags)
-        args.device = "cpu"
-        assert run_on_engine(args, "/models/h3", _t2va(), "denoise") == "result"
-        assert seen[-1].attention == want
+    configs = engine_configs_for(monkeypatch, flags, _t2va())
+    assert len(configs) == 3 and all(c.attention == want for c in configs)
 
 
 def test_cli_vsa_options_without_vsa_are_refused():
