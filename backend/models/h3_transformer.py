@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from ..attention.dispatch import AttentionFn, get_attention
-from ..parallel.ulysses import ulysses_attention
 from .block_offload import stream_blocks
 from .fp8_linear import Fp8Linear, Fp8Rows, norm_modulate_rows, swiglu_rows
 from .h3_ops import RowSegments, apply_rope_, rms_norm, rope_inv_freq, rope_tables, timestep_sinusoid
@@ -346,7 +345,7 @@ class H3Transformer(nn.Module):
             backend = attention
             attention = lambda q, k, v: backend(q, k, v, attention_plan)  # noqa: E731
         if shard is not None:
-            attention = ulysses_attention(attention, shard)
+            attention = shard.attention(attention)  # Ulysses: heads <-> rows all-to-all around it
 
         text = self.context_embedder(text_states.to(self.context_embedder.weight.dtype))
         text = self.token_refiner(text, self.attention)  # text-only attention: every rank refines all of it

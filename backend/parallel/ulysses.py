@@ -43,6 +43,11 @@ class SequenceShard:
         """End of this rank's valid rows (rows past S are padding)."""
         return max(self.start, min(self.stop, self.seq_len))
 
+    def attention(self, attention):
+        """`attention` over every rank's rows, taking and returning this rank's (ulysses_attention below). The model
+        asks the shard it is given, so models/ never imports this layer."""
+        return ulysses_attention(attention, self)
+
     def local(self, per_row: torch.Tensor, pad_value=0) -> torch.Tensor:
         """This rank's slice of a per-row tensor [S, ...], padded to local_len rows."""
         part = per_row[self.start:self.valid_stop]
