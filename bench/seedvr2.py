@@ -237,6 +237,7 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     if args.pipeline:
         _sp_pipeline(rank, world, args, dev)
+        dist.barrier()  # gloo aborts a peer whose connection closes mid-read
         dist.destroy_process_group()
         return
     dtype = torch.bfloat16
@@ -280,6 +281,7 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
             record.update(single_s=round(single[0], 3), single_peak_gib=round(single[1], 2),
                           speedup=round(single[0] / record["sp_s"], 3), rel_err_vs_single=rel_err(out.cpu(), ref))
         emit(args, record)
+    dist.barrier()  # gloo aborts a peer whose connection closes mid-read
     dist.destroy_process_group()
 
 

@@ -77,6 +77,7 @@ def main():
             results["sp1_ms"] = timed(lambda: model(*inputs, shard=shard), args.iters)[0]
         results["sp1_over_plain"] = results["sp1_ms"] / results["plain_ms"]
         results.update(rows=layout.seq_len, layers=args.layers, device=torch.cuda.get_device_name())
+        dist.barrier()  # gloo aborts a peer whose connection closes mid-read
         dist.destroy_process_group()
     print(json.dumps(results, indent=1))
     if args.json:

@@ -181,6 +181,7 @@ def _rank(rank: int, world: int, port: int, args, out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w") as handle:
             json.dump(results, handle, indent=1)
+    dist.barrier()  # gloo aborts a peer whose connection closes mid-read
     dist.destroy_process_group()
 
 

@@ -21,3 +21,12 @@ def join_group(rank: int, world: int, port: int, backend: str = "gloo", device_t
         torch.cuda.set_device(device)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     return device, ParallelContext(rank, world)
+
+
+def leave_group() -> None:
+    """Tear the group down only once every rank is done with it: gloo aborts a peer (SIGABRT, "terminate called
+    without an active exception") whose connection closes while it still reads from it."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()

@@ -138,8 +138,6 @@ def _restore(c, ctx, frames, color):
 
 
 def _rank(rank, world, port, out_dir, tiny_dir, backend="gloo", device_type="cpu"):
-    import torch.distributed as dist
-
     from dist_ranks import join_group, to_cpu
 
     device, ctx = join_group(rank, world, port, backend, device_type)
@@ -158,7 +156,9 @@ def _rank(rank, world, port, out_dir, tiny_dir, backend="gloo", device_type="cpu
             out, stages = _restore(c, ctx, frames, color)
             result["restore"][(frames, color)] = (to_cpu(out), stages)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    from dist_ranks import leave_group
+
+    leave_group()
 
 
 def _spawn(out, world, tiny_dir, backend="gloo", device_type="cpu"):

@@ -323,8 +323,6 @@ def _dit_routed(variant, ctx, device="cpu"):
 # -- several ranks: gloo on CPU here; NCCL (and gloo on CUDA tensors) where there are 2 GPUs ------------------------
 
 def _rank(rank, world, port, out_dir, backend="gloo", device_type="cpu"):
-    import torch.distributed as dist
-
     from dist_ranks import join_group, to_cpu
 
     device, ctx = join_group(rank, world, port, backend, device_type)
@@ -345,7 +343,9 @@ def _rank(rank, world, port, out_dir, backend="gloo", device_type="cpu"):
     result["dit"] = {variant: to_cpu(_dit_routed(variant, ctx, device)) for variant in ("3b", "7b")}
     result["text"] = to_cpu(routing.reduce_text(torch.full((TXT, HEADS, HEAD_DIM), rank + 1.0, device=device)))
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    from dist_ranks import leave_group
+
+    leave_group()
 
 
 def _spawn(out, world, backend="gloo", device_type="cpu"):
