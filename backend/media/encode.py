@@ -243,6 +243,7 @@ class Mp4Writer:
         audio_bitrate: int = 128_000,
         reserved: bool = False,
         codec: str = "h264",
+        threads: int | None = None,
     ):
         self._reserved = bool(reserved)
         self._file_object = not isinstance(path, (str, os.PathLike))
@@ -252,13 +253,13 @@ class Mp4Writer:
         self.closed = False
         try:  # a writer that cannot start gives its reserved placeholder back, whatever the reason
             self._setup(width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
-                        audio_bitrate, codec)
+                        audio_bitrate, codec, threads)
         except BaseException:
             self._abort()
             raise
 
     def _setup(self, width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
-               audio_bitrate, codec) -> None:
+               audio_bitrate, codec, threads=None) -> None:
         width, height = int(width), int(height)
         check_encoder_options(codec, crf, preset)
         self.codec = CODECS[codec]
@@ -293,6 +294,9 @@ class Mp4Writer:
         self._audio_stream = None
         self._resamplers: dict[int, av.AudioResampler] = {}
         self._reformatter = VideoReformatter()
+        self._threads = None if threads is None else int(threads)
+        if self._threads is not None and self._threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 = the encoder's own choice), got {threads}")
         self._open(metadata, crf, preset, audio_bitrate)
 
     # -- setup ---------------------------------------------------------------------------------------------------------
@@ -324,6 +328,8 @@ class Mp4Writer:
             stream.codec_tag = self.codec.codec_tag
         context = stream.codec_context
         context.time_base = 1 / self.fps
+        if self._threads:
+            context.thread_count = self._threads
         if self.codec.yuv:
             context.color_primaries = context.color_trc = context.colorspace = _BT709
             context.color_range = ColorRange.MPEG
@@ -378,10 +384,37 @@ class Mp4Writer:
                 )
             else:
                 frame = self._reformatter.reformat(frame, format=self.codec.pix_fmt)
-            frame.pts = self.frames_written
-            frame.time_base = self._video_stream.codec_context.time_base
-            self._mux(self._video_stream.encode(frame))
-            self.frames_written += 1
+            self._encode_frame(frame)
+
+    @property
+    def takes_yuv420p(self) -> bool:
+        """True when `write_yuv420p` applies: a yuv420p codec at an even size (nothing to pad or crop)."""
+        return self.codec.pix_fmt == "yuv420p" and (self.coded_width, self.coded_height) == (self.width, self.height)
+
+    def write_yuv420p(self, planes: Any) -> None:
+        """Encode frames already converted to BT.709 limited-range YUV 4:2:0 (backend/media/yuv.py's layout: uint8
+        [T, H * 3 // 2, W], or one [H * 3 // 2, W]); no CPU colour conversion. Only when `takes_yuv420p`."""
+        self._check_open()
+        if not self.takes_yuv420p:
+            raise ValueError(f"write_yuv420p needs a yuv420p codec at an even size, not {self.codec.encoder} "
+                             f"{self.codec.pix_fmt} at {self.width}x{self.height}")
+        array = _to_numpy(planes)
+        if array.ndim == 2:
+            array = array[None]
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[1:] != (self.height * 3 // 2, self.width):
+            raise ValueError(f"write_yuv420p expects uint8 [T, {self.height * 3 // 2}, {self.width}], "
+                             f"got {array.dtype} {tuple(array.shape)}")
+        for image in array:
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="yuv420p")
+            frame.color_range = ColorRange.MPEG
+            frame.colorspace = Colorspace.ITU709
+            self._encode_frame(frame)
+
+    def _encode_frame(self, frame) -> None:
+        frame.pts = self.frames_written
+        frame.time_base = self._video_stream.codec_context.time_base
+        self._mux(self._video_stream.encode(frame))
+        self.frames_written += 1
 
     def write_audio(self, waveform: Any, sample_rate: int | None = None) -> None:
         """Encode float audio [C, S] (or ComfyUI's [1, C, S]) in -1..1; values outside are clipped.

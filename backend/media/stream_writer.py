@@ -29,10 +29,11 @@ time), `wait_s` (caller blocked on a free slot), `convert_s` (caller time in qua
 
 from __future__ import annotations
 
+import abc
+import os
 import queue
 import threading
 import time
-import abc
 from fractions import Fraction
 from typing import Any
 
@@ -40,6 +41,7 @@ import torch
 
 from .encode import Mp4Writer
 from .frames import iter_uint8_chunks
+from .yuv import rgb_to_yuv420p
 
 DEFAULT_CHUNK_FRAMES = 16
 _STOP = object()
@@ -64,7 +66,13 @@ class ChunkedFrameStream(abc.ABC):
     def _discard(self) -> None:
         pass
 
-    def _start(self, width: int, height: int, device, chunk_frames: int, slots: int) -> None:
+    def _wants_yuv420p(self, device: torch.device) -> bool:
+        """Whether chunks from `device` are converted to YUV 4:2:0 there (then `_consume_frames` gets planes
+        [t, H * 3 // 2, W], backend/media/yuv.py's layout, instead of RGB [t, H, W, 3])."""
+        return False
+
+    def _start(self, width: int, height: int, device, chunk_frames: int, slots: int,
+               encoder_nice: int = 0) -> None:
         if int(chunk_frames) < 1 or int(slots) < 1:
             raise ValueError(f"chunk_frames and slots must be >= 1, got {chunk_frames} and {slots}")
         self.width, self.height = int(width), int(height)
@@ -79,6 +87,8 @@ class ChunkedFrameStream(abc.ABC):
         self._work: queue.Queue = queue.Queue()
         self._stream = None
         self._slot_count = int(slots)
+        self._nice = int(encoder_nice)
+        self.yuv420p = False
         self._error: BaseException | None = None
         self._closed = False
         if self.device is not None:
@@ -89,7 +99,9 @@ class ChunkedFrameStream(abc.ABC):
     # -- setup ---------------------------------------------------------------------------------------------------------
     def _allocate(self, device: torch.device) -> None:
         cuda = device.type == "cuda"
-        shape = (self.chunk_frames, self.height, self.width, 3)
+        self.yuv420p = self._wants_yuv420p(device)
+        shape = ((self.chunk_frames, self.height * 3 // 2, self.width) if self.yuv420p
+                 else (self.chunk_frames, self.height, self.width, 3))
         for index in range(self._slot_count):
             self._slots.append(torch.empty(shape, dtype=torch.uint8, pin_memory=cuda))
             self._events.append(torch.cuda.Event() if cuda else None)
@@ -148,6 +160,8 @@ class ChunkedFrameStream(abc.ABC):
         waited = time.perf_counter() - t0
         self._raise_if_failed()
         count = int(chunk.shape[0])
+        if self.yuv420p:
+            chunk = rgb_to_yuv420p(chunk)
         target = self._slots[index][:count]
         if self._stream is not None:
             producer = torch.cuda.current_stream(chunk.device)
@@ -175,6 +189,8 @@ class ChunkedFrameStream(abc.ABC):
 
     # -- encoder thread ------------------------------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._nice > 0:
+            _lower_thread_priority(self._nice)
         while True:
             item = self._work.get()
             if item is _STOP:
@@ -243,6 +259,15 @@ class ChunkedFrameStream(abc.ABC):
             self.abort()
 
 
+def _lower_thread_priority(nice: int) -> None:
+    """Raise the calling thread's nice value (Linux: per thread; threads it starts, such as libx264's workers,
+    inherit it). The encoder yields the CPU to the thread that launches the decoder's GPU work."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
+    except (AttributeError, OSError):  # not Linux, or not allowed: run at the normal priority
+        pass
+
+
 class StreamingVideoSaver(ChunkedFrameStream):
     """Write video chunks from any device into an `Mp4Writer` on a background thread; see the module docstring.
 
@@ -257,17 +282,26 @@ class StreamingVideoSaver(ChunkedFrameStream):
     """
 
     def __init__(self, path, width: int, height: int, fps: Fraction | float, *, device=None,
-                 chunk_frames: int = DEFAULT_CHUNK_FRAMES, slots: int = 2, **writer_options: Any):
+                 chunk_frames: int = DEFAULT_CHUNK_FRAMES, slots: int = 2, gpu_yuv: bool = True,
+                 encoder_nice: int = 0, **writer_options: Any):
         self._writer = Mp4Writer(path, width, height, fps, **writer_options)
         self.path = self._writer.path
+        self._gpu_yuv = bool(gpu_yuv)
         try:
-            self._start(width, height, device, chunk_frames, slots)
+            self._start(width, height, device, chunk_frames, slots, encoder_nice)
         except BaseException:
             self._writer.abort()
             raise
 
+    def _wants_yuv420p(self, device: torch.device) -> bool:
+        # GPU frames only: on the CPU swscale converts faster than torch, and nothing competes for a GPU launch thread
+        return self._gpu_yuv and device.type == "cuda" and self._writer.takes_yuv420p
+
     def _consume_frames(self, frames: torch.Tensor) -> None:
-        self._writer.write_frames(frames.numpy())
+        if self.yuv420p:
+            self._writer.write_yuv420p(frames.numpy())
+        else:
+            self._writer.write_frames(frames.numpy())
 
     def _consume_audio(self, waveform: Any, sample_rate: int | None) -> None:
         self._writer.write_audio(waveform, sample_rate=sample_rate)
