@@ -84,6 +84,8 @@ class Engine:
 
     def generate(self, request, progress: Callable[[int, int], None] | None = None,
                  should_cancel: Callable[[], bool] | None = None):
+        """Run one request. `progress(done, total)` after every step; steps carrying a live preview (a request with
+        preview_every set) call `progress(done, total, preview=uint8 [H, W, 3])`."""
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         _touch(self.config)  # before our own lock: eviction takes the registry's lock, then an engine's
         with self._lock:
@@ -95,7 +97,10 @@ class Engine:
                 while True:
                     event = next(runner)
                     if progress is not None:
-                        progress(event.done, event.total)
+                        if event.preview is None:
+                            progress(event.done, event.total)
+                        else:  # only requests that ask for previews get them (H3's preview_every)
+                            progress(event.done, event.total, preview=event.preview)
             except StopIteration as stop:
                 return _with_engine_manifest(stop.value, self.config, load_s)
             except WorkerFailed as exc:

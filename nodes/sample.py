@@ -104,8 +104,11 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
     `status(done, total)` -> a text shown on the node with each step; `summary(result)` -> the text shown on the node
     when the run is done (ComfyUI's frontend shows this progress text in the node itself; a node's ui "text" output
     it shows only for its own nodes); `on_cancelled(EngineCancelled)` -> the message of the interrupt raised on Stop
-    (e.g. naming what was kept)."""
+    (e.g. naming what was kept). A request with `preview_every` gets ComfyUI's preview setting: the workers then send
+    a live preview with every N-th step, shown on the node through ComfyUI's preview channel."""
     try:  # the checks VALIDATE_INPUTS leaves (inputs that fit together), before any engine is made or memory freed
+        if hasattr(request, "preview_every"):
+            request.preview_every = services.preview_every()
         request.validate()
     except RequestError as exc:
         raise ValueError(str(exc)) from None
@@ -116,11 +119,11 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
     reporter = services.ProgressReporter(total_steps, node_id=node_id, desc=desc)
     stop = {"requested": False}
 
-    def progress(done, total):
+    def progress(done, total, preview=None):
         try:
             if status is not None:
                 reporter.set_text(status(done, total))
-            reporter.update_absolute(done, total)
+            reporter.update_absolute(done, total, None if preview is None else services.preview_image(preview))
         except services.interrupt_exception_types():
             stop["requested"] = True  # finish the step on the workers, then stop them cleanly
 

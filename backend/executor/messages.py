@@ -31,6 +31,7 @@ class Progress:
     job_id: int
     done: int
     total: int
+    preview: Any = None  # a live preview of this step (uint8 numpy [H, W, 3], ~50 KB), when the request asked for one
 
 
 @dataclass

@@ -73,8 +73,8 @@ def _run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sh
 
     on_step = None
     if rank == 0 and emit is not None:
-        def on_step(done: int, total: int, job_id=job.job_id) -> None:
-            emit(Progress(job_id, done, total))
+        def on_step(done: int, total: int, preview=None, job_id=job.job_id) -> None:
+            emit(Progress(job_id, done, total, preview))
 
     try:
         with torch.no_grad():

@@ -158,10 +158,13 @@ class ConditionEncoder:
         self.vae, self.audio_vae, self.device = vae, audio_vae, device
 
     @torch.no_grad()
-    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
-        """uint8 [1, 3, T, H, W] -> normalised latents [1, 24, T', H/16, W/16] float32 on CPU."""
+    def encode_pixels(self, pixels: torch.Tensor, sample: bool = True) -> torch.Tensor:
+        """uint8 [B, 3, T, H, W] -> normalised latents [B, 24, T', H/16, W/16] float32 on CPU. `sample`: the
+        posterior's fixed-seed sample (conditions, as the reference encodes them); False: its mode (the preview
+        projection's fit, preview.py)."""
         posterior = self.vae.encode(pixels_to_vae(pixels, self.device, self.vae.dtype), return_dict=False)[0]
-        latents = posterior.sample(generator=torch.Generator().manual_seed(ENCODE_SEED))
+        latents = posterior.sample(generator=torch.Generator().manual_seed(ENCODE_SEED)) if sample else \
+            posterior.mode()
         return normalize_latents(self.vae, latents.to(torch.float16).float().cpu())
 
     def encode_image(self, image: Image.Image) -> torch.Tensor:

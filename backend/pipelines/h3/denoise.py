@@ -11,7 +11,8 @@ once for the request) and the plan of each step. Per step i:
   3. one DiT forward on what the model sees of the state (the state itself, or lerp(anchor, state, weight));
   4. every row past the frozen condition / guide rows takes flow_step with the timestep it was given:
      x0 = x_in + (1 - t_r) v,  state <- r * state + (1 - r) * x0,  r = sigma_{i+1} / sigma_i  (float32);
-  5. progress: on_step(i + 1, steps).
+  5. progress: on_step(i + 1, steps), or on_step(i + 1, steps, preview=uint8 [H, W, 3]) on the steps a StepPreview
+     (preview.py; rank 0, when the request asks for previews) captures the clean estimate x0 of a few frames.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ def stop_at_boundary(should_stop: Callable[[], bool] | None, parallel: ParallelC
 def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, parallel: ParallelContext = SINGLE,
             attention=None, on_step: StepCallback | None = None,
             should_stop: Callable[[], bool] | None = None,
-            adaln: AdaLNCache | None = None, recorder=None) -> tuple[torch.Tensor, torch.Tensor]:
+            adaln: AdaLNCache | None = None, recorder=None, preview=None) -> tuple[torch.Tensor, torch.Tensor]:
     """video rows [Nv, 96] / audio rows [Na, 32] float32 on the DiT's device, in the layout's row order (condition
     rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan).
     `adaln`: the DiT's AdaLN table cache (None: direct projection). `recorder`: the request's StageRecorder
-    (manifest.py): a marker per step boundary, no sync in the loop; None: not timed."""
+    (manifest.py): a marker per step boundary, no sync in the loop; None: not timed. `preview`: a StepPreview
+    (preview.py) or None (no preview work at all)."""
+    if preview is not None:  # the state's rows are in this layout's order, whatever order the attention runs in
+        preview.begin(plan.layout, video.device)
     attention_plan = None if attention is None else attention.plan_for(plan.layout)
     step_attention = lambda i: attention_plan  # noqa: E731
     if hasattr(attention_plan, "bind"):  # e.g. VSA: rows in tile order for the whole request, a plan per step
@@ -70,6 +74,9 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
                                  dl.video_indices, dl.audio_indices, dl.text_indices, rope=rope, segments=segments,
                                  shard=shard, attention_plan=step_attention(i), modulation=modulation)
             t = ts[row_index]  # each row's timestep, as the model saw it
+            shot = None
+            if preview is not None and preview.due():  # before the update: x_v may be the state itself
+                shot = preview.capture(x_v[ncv:], v_pred[0, ncv:], t[vi])
             video[ncv:] = flow_step(video[ncv:], x_v[ncv:], v_pred[0, ncv:], t[vi], sched.video_sigmas[i],
                                     sched.video_sigmas[i + 1])
             audio[nca:] = flow_step(audio[nca:], x_a[nca:], a_pred[0, nca:], t[ai], sched.audio_sigmas[i],
@@ -77,7 +84,10 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
             if recorder is not None:
                 recorder.step_done()
             if on_step is not None:
-                on_step(i + 1, n)
+                if shot is None:
+                    on_step(i + 1, n)
+                else:
+                    on_step(i + 1, n, preview=shot)
         if recorder is not None:
             recorder.steps_end()
     return video, audio

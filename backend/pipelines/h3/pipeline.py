@@ -18,6 +18,7 @@ from ...manifest import StageRecorder, pipeline_part
 from ...parallel.context import SINGLE, ParallelContext
 from .components import H3Components
 from .denoise import denoise
+from .preview import LatentRGB, StepPreview
 from .request import H3Result
 from .step_plan import StepCallback, StepPlan
 from .tasks.edit import run_edit
@@ -35,13 +36,19 @@ class H3Pipeline:
         self.c = components
         self.parallel = parallel
         self.attention = attention
+        self.preview: StepPreview | None = None  # the running request's previews (rank 0, when asked for)
+        self._latent_rgb: LatentRGB | None = None  # the preview projection, fitted once from this engine's VAE
 
     @torch.no_grad()
     def run(self, req, on_step: StepCallback | None = None, should_stop: Callable[[], bool] | None = None) -> H3Result:
         """An H3Request (t2va / fl2va / ref2va / edit, by its inputs) or an H3ExtendRequest. The result carries
         its stage manifest (backend/manifest.py; every rank gathers the peaks, rank 0's is the one returned)."""
         self.recorder = StageRecorder(self.c.device)
-        result = TASKS[req.task](self, req, on_step, should_stop)
+        self.preview = self._preview_for(req)
+        try:
+            result = TASKS[req.task](self, req, on_step, should_stop)
+        finally:
+            self.preview = None
         result.manifest = pipeline_part(
             self.recorder, self.parallel, kind=req.task, family="h3", task=req.task, shapes=_shapes(result),
             seed=req.seed, steps=req.steps, timings=result.timings, adaln=self.c.adaln_report())
@@ -56,7 +63,21 @@ class H3Pipeline:
         shard = self.parallel.rows(plan.layout.seq_len)
         self.c.enter_dit(dit, plan.layout.seq_len if shard is None else shard.local_len, plan.layout.seq_len)
         return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
-                       adaln=self.c.adaln_cache(dit), recorder=getattr(self, "recorder", None))
+                       adaln=self.c.adaln_cache(dit), recorder=getattr(self, "recorder", None),
+                       preview=getattr(self, "preview", None))
+
+    def _preview_for(self, req) -> StepPreview | None:
+        """Previews every `req.preview_every` steps (0: none) on rank 0, which alone reports progress. The
+        projection is fitted from the VAE at the first request that asks (preview.py), before the DiT stage, so
+        the VAE is where the offload placement expects it."""
+        every = int(getattr(req, "preview_every", 0) or 0)
+        if every <= 0 or not self.parallel.is_driver:
+            return None
+        if self._latent_rgb is None:
+            c = self.c
+            self._latent_rgb = LatentRGB.fit(lambda pixels: c.cond.encode_pixels(pixels, sample=False),
+                                             c.frames_per_chunk + c.latents_per_chunk)
+        return StepPreview(self._latent_rgb, self.c.patch_size, every)
 
     def encode_text(self, encode: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rank 0 runs `encode` (it alone holds the text encoder) and broadcasts the embeddings [1, Nt, D] and tags

@@ -25,6 +25,23 @@ def check_sampling(steps: int, video_shift: float | None, audio_shift: float | N
         raise RequestError(f"seed must be in [0, 2^64), got {seed}.")
 
 
+def check_preview_every(every) -> None:
+    """Live previews every N denoise steps (pipelines/h3/preview.py); 0 = none."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise RequestError(f"preview_every must be a whole number of steps >= 0 (0 = no previews), got {every!r}.")
+
+
+def check_schedule(schedule: str, steps: int) -> None:
+    """A named schedule (schedule.py): "default", or "fasth3" -- the FastH3 student's ladder, 4 steps exactly."""
+    from .schedule import FASTH3_STEPS, SCHEDULES
+
+    if schedule not in SCHEDULES:
+        raise RequestError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}.")
+    if schedule == "fasth3" and steps != FASTH3_STEPS:
+        raise RequestError(f"The fasth3 schedule is the FastH3 student's {FASTH3_STEPS}-step ladder: set steps to "
+                           f"{FASTH3_STEPS} (got {steps}).")
+
+
 @dataclass
 class ReferenceInput:
     """One ref2va reference as decoded media. kind image: `image`. kind video: `frames` uint8 [T, H, W, 3] at `fps`,
@@ -63,6 +80,8 @@ class H3Request:
     audio_level: float | None = None  # blend level 0..1 (1 = regenerate); None: the preset's
     mask_grow: int | None = None  # px at the canvas size; None: the preset's
     mask_feather: int | None = None  # px; None: the preset's
+    schedule: str = "default"  # "default": `steps` on the shifted grid; "fasth3": the FastH3 student's 4-step ladder
+    preview_every: int = 0  # a live preview with every N-th step's progress (preview.py); 0: none
 
     @property
     def task(self) -> str:
@@ -86,6 +105,8 @@ class H3Request:
         if (self.width is None) != (self.height is None):
             raise RequestError("Give width and height together, or neither (then the canvas follows the input).")
         check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
+        check_schedule(self.schedule, self.steps)
+        check_preview_every(self.preview_every)
         # Early checks with the release's geometry; the worker re-checks against the loaded model's own factors.
         resolve_geometry(self.num_frames, self.height or 768, self.width or 1344)
         unknown = [r.kind for r in self.references if r.kind not in ("image", "video", "audio")]
@@ -194,6 +215,7 @@ class H3ExtendRequest:
     crf: int = 18
     preset: str = "veryfast"
     metadata: dict = field(default_factory=dict)
+    preview_every: int = 0  # as H3Request's (counted over all windows' steps)
 
     task = "extend"
 
@@ -234,6 +256,7 @@ class H3ExtendRequest:
             raise RequestError(f"Frames to add must be a positive multiple of {CLIP}, got {self.added_frames}.")
         check_window_settings(self.window_frames, self.overlap_frames)
         check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
+        check_preview_every(self.preview_every)
         if self.output_path is not None:
             from ...media.encode import check_encoder_options
 

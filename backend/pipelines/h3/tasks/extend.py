@@ -122,9 +122,9 @@ def run_extend(pipe, req, on_step: StepCallback | None = None,
             audio = torch.cat([audio_latents_to_rows(guide_audio), audio_noise]).to(dev)
             before = (video.clone(), audio.clone()) if observe is not None else None
 
-            def step(i, _n, base=k * steps):
+            def step(i, _n, base=k * steps, **extra):  # extra: the step's preview, when there is one
                 if on_step is not None:
-                    on_step(base + i, total_steps)
+                    on_step(base + i, total_steps, **extra)
 
             plan = StepPlan.on_clocks(layout, text.to(dev), schedule)  # guide rows: the layout's condition rows
             video, audio = pipe.denoise(dit, plan, video, audio, step, should_stop)
