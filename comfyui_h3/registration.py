@@ -14,6 +14,7 @@ from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
 from .nodes.seedvr2_loader import H3SeedVR2Loader
 from .nodes.seedvr2_upscale import H3SeedVR2Upscale
+from .nodes.track_mask import H3TrackMask
 from . import comfy_services as services
 from .install_samples import install_sample_inputs
 from .routes import register_routes
@@ -31,6 +32,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_Extend": H3Extend,
     "H3_SeedVR2Loader": H3SeedVR2Loader,
     "H3_SeedVR2Upscale": H3SeedVR2Upscale,
+    "H3_TrackMask": H3TrackMask,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -45,6 +47,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_Extend": "H3 Extend (continue past 15 s)",
     "H3_SeedVR2Loader": "SeedVR2 Model Loader",
     "H3_SeedVR2Upscale": "SeedVR2 Upscale",
+    "H3_TrackMask": "H3 Track Mask",
 }
 WEB_DIRECTORY = "./js"
 

@@ -61,3 +61,41 @@ def ensure_tiny_seedvr2(target: str | os.PathLike | None = None, variant: str = 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+TINY_SAM2_NAME = "tiny-sam2 (built-in test model, segments nothing)"
+TINY_SAM3_NAME = "tiny-sam3 (built-in test model, segments nothing)"
+
+
+def _ensure_tiny_folder(name: str, make, target) -> Path:
+    target = Path(target) if target else cache_dir() / name
+    if (target / "config.json").is_file() and (target / "processor_config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        built = make(staging / "model")
+        try:
+            os.rename(built, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def ensure_tiny_sam2(target: str | os.PathLike | None = None) -> Path:
+    """Folder of the tiny random SAM2 video model (backend/tracking/tiny.py; it segments nothing meaningful), built
+    if absent (about a second), staged and renamed into place like the tiny H3 set."""
+    from .backend.tracking.tiny import make_tiny_sam2
+
+    return _ensure_tiny_folder("tiny-sam2", make_tiny_sam2, target)
+
+
+def ensure_tiny_sam3(target: str | os.PathLike | None = None) -> Path:
+    """Folder of the tiny random SAM3 video model (text prompts + its tracker; segments nothing meaningful), built if
+    absent, like :func:`ensure_tiny_sam2`."""
+    from .backend.tracking.tiny import make_tiny_sam3
+
+    return _ensure_tiny_folder("tiny-sam3", make_tiny_sam3, target)

@@ -14,6 +14,8 @@ below are the implementation:
 - ``device``: :func:`comfy_compute_device`, the device ComfyUI computes on
 - ``models``: model roots, discovery and :func:`resolve_h3_model`
 - ``seedvr2_models``: SeedVR2 DiT / VAE / text-embedding discovery and :func:`resolve_seedvr2_file`
+- ``track_models``: SAM2 / SAM3 folders for H3 Track Mask (``models/sam2``, ``models/sam3``) and
+  :func:`resolve_track_model`
 - ``paths``: input/output/temp directories and the safe resolvers
 - ``preview``: live sampling previews (:func:`preview_every`, :func:`preview_image`)
 
@@ -35,6 +37,8 @@ from .models import (ENV_MODELS, H3_EXTRA_FOLDER_TYPES, H3_FOLDER_TYPE, MODEL_SC
 from .seedvr2_models import (SEEDVR2_FOLDER_TYPE, SeedVR2FileNotFound, find_seedvr2_text_embedding,
                              find_seedvr2_vae, register_seedvr2_model_folder, resolve_seedvr2_file,
                              seedvr2_dit_files, seedvr2_file_kind, seedvr2_roots, seedvr2_vae_files)
+from .track_models import (SAM2_FOLDER_TYPE, SAM3_FOLDER_TYPE, TrackModelNotFound, register_track_model_folders,
+                           resolve_track_model, track_model_dirs, track_model_roots)
 from .paths import (ENV_INPUT, ENV_OUTPUT, input_directory, output_directory, resolve_in_directory,
                     resolve_input_path, resolve_output_path, temp_directory)
 from .preview import ENV_PREVIEW_EVERY, preview_every, preview_image
@@ -73,6 +77,13 @@ __all__ = [
     "resolve_seedvr2_file",
     "find_seedvr2_vae",
     "find_seedvr2_text_embedding",
+    "SAM2_FOLDER_TYPE",
+    "SAM3_FOLDER_TYPE",
+    "TrackModelNotFound",
+    "register_track_model_folders",
+    "track_model_roots",
+    "track_model_dirs",
+    "resolve_track_model",
     "output_directory",
     "input_directory",
     "temp_directory",
