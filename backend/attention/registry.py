@@ -4,8 +4,9 @@ Contract of a backend's kernel: `fn(q, k, v, plan=None)` with q, k, v `[batch, s
 with a unit last stride) -> `[batch, seq, heads, head_dim]`, plain non-causal attention over the rows it is given
 (H3 attends over one packed document with no mask). A backend that needs layout metadata (a sparse backend's tile
 permutation) provides `make_plan(layout)`: the task calls it once per request and passes the plan to every block;
-dense backends have no plan (None). A new backend is one `register(...)` call in its own module, listed in
-`_BUILTIN_MODULES` so it registers on first use.
+dense backends have no plan (None). A `gated` backend also takes `gate` [batch, seq, heads, head_dim] (learned gates
+of a FastH3 student's coarse branch: vsa_kernel.py); the others refuse one. A new backend is one `register(...)`
+call in its own module, listed in `_BUILTIN_MODULES` so it registers on first use.
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ class AttentionBackend:
     description: str
     make_plan: Callable[[Any], Any] | None = None  # per-request layout -> plan; None: the backend needs none
     configure: Callable[[str], "AttentionBackend"] | None = None  # "name:options" -> a configured backend (vsa)
+    gated: bool = False  # fn takes (q, k, v, plan, gate): learned VSA gates (FastH3)
 
-    def __call__(self, q, k, v, plan=None):
-        return self.fn(q, k, v, plan)
+    def __call__(self, q, k, v, plan=None, gate=None):
+        if gate is None:
+            return self.fn(q, k, v, plan)
+        if not self.gated:
+            raise ValueError(f"The attention backend {self.name!r} cannot apply learned VSA gates (a FastH3 student "
+                             "with gates): choose attention vsa.")
+        return self.fn(q, k, v, plan, gate)
 
     def plan_for(self, layout) -> Any:
         return None if self.make_plan is None else self.make_plan(layout)

@@ -8,15 +8,25 @@ import torch
 
 from .dispatch import _sdpa_cudnn_first
 from .registry import AttentionBackend, register
-from .vsa_kernel import sparse_attention
+from .vsa_kernel import coarse_attention, sparse_attention
 from .vsa_plan import VSASettings, make_plan
 
 
-def _attend(q, k, v, plan=None):
+def _attend(q, k, v, plan=None, gate=None):
     # No plan (the text refiner, an all-dense request) or a dense step: the dense backend, bit for bit.
-    if plan is None or not plan.sparse:
-        return _sdpa_cudnn_first(q, k, v)
-    return _sparse(q, k, v, plan)
+    out = _sdpa_cudnn_first(q, k, v) if plan is None or not plan.sparse else _sparse(q, k, v, plan)
+    if gate is None:
+        return out
+    if plan is None:
+        raise ValueError("Learned VSA gates (a FastH3 student's) need the request's VSA plan: this attention call "
+                         "has none.")
+    return out.add_(_coarse(q, k, v, gate, plan))
+
+
+@torch.compiler.disable
+def _coarse(q, k, v, gate, plan):
+    # Eager like _sparse: the block runs read the plan's host-side sizes.
+    return coarse_attention(q, k, v, gate, plan.block_sizes)
 
 
 @torch.compiler.disable
@@ -29,12 +39,12 @@ def _sparse(q, k, v, plan):
 def backend(settings: VSASettings) -> AttentionBackend:
     name = "vsa" if settings == VSASettings() else f"vsa:{settings.spec()}"
     return AttentionBackend(name, _attend, _DESCRIPTION, lambda layout: make_plan(layout, settings),
-                            configure=lambda options: backend(VSASettings.parse(options)))
+                            configure=lambda options: backend(VSASettings.parse(options)), gated=True)
 
 
 _DESCRIPTION = ("Video Sparse Attention: target video in 4x4x4 tiles, each video tile attends the prompt/condition "
                 "rows and its top-k tiles (Triton on CUDA), after dense first steps (topk / dense steps: loader "
-                "widgets)")
+                "widgets); applies a FastH3 student's learned gates")
 
 register(backend(VSASettings()))
 

@@ -10,6 +10,12 @@ The Triton kernel runs one program per (video query tile, batch * head): a 64-ro
 online softmax in fp32 over the prefix in 64-row blocks and then over the selected tiles, bf16 / fp16 operands on the
 tensor cores (64x64 tiles, head_dim up to 256: 4 warps, 2-3 stages suit the H200's shared memory). Prefix queries
 (a few percent of the rows) go through dense SDPA.
+
+The coarse branch (only for a DiT with learned gates, FastVideo's FastH3 student; FastVideo's VSA-H3 and vLLM-Omni's
+port define it so): every block of rows -- the segment-pure prefix blocks and the video tiles, VSAPlan.block_sizes --
+mean-pools q, k and v (fp32); block scores = pooled q . pooled k * d^-1/2 over ALL blocks, softmax, @ pooled v gives
+one row per block; each row then gets out += that row of its block * its gate (gate [B, S, H, D], the to_gate_compress
+projection of the attention input, no activation). It runs on dense and sparse steps alike.
 """
 
 from __future__ import annotations
@@ -48,8 +54,30 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_sizes: 
     return torch.topk(scores, topk, dim=-1).indices.sort(dim=-1).values
 
 
-def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int):
-    """The rule in float64 with explicit loops (slow; for tests). -> (out [B, S, H, D] float64, selection)."""
+def coarse_attention(q, k, v, gate, block_sizes: torch.Tensor) -> torch.Tensor:
+    """The coarse branch's addend [B, S, H, D] in q's dtype (module docstring): rows in block order, `block_sizes`
+    [N] the rows of each block from row 0 (prefix blocks, then tiles). Equal blocks are contiguous runs, so pooling
+    and the broadcast back are views."""
+    sizes = block_sizes.cpu()
+    qp, kp, vp = (pooled(x, 0, sizes) for x in (q, k, v))  # [B, H, N, D] fp32
+    scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
+    per_block = (torch.softmax(scores, dim=-1) @ vp).transpose(1, 2).to(q.dtype)  # [B, N, H, D]
+    b, s, h, d = q.shape
+    out = q.new_empty((b, s, h, d))
+    runs, counts = torch.unique_consecutive(sizes, return_counts=True)
+    row = block = 0
+    for size, count in zip(runs.tolist(), counts.tolist()):
+        rows = slice(row, row + size * count)
+        view = gate[:, rows].unflatten(1, (count, size))
+        torch.mul(view, per_block[:, block:block + count].unsqueeze(2), out=out[:, rows].unflatten(1, (count, size)))
+        row, block = row + size * count, block + count
+    return out
+
+
+def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int, gate=None,
+              prefix_sizes: torch.Tensor | None = None):
+    """The rule in float64 with explicit loops (slow; for tests). -> (out [B, S, H, D] float64, selection).
+    With `gate`: plus the coarse branch over the prefix blocks (`prefix_sizes`; None: 64-row blocks) and tiles."""
     qd, kd, vd = (t.double() for t in (q, k, v))
     b, s, h, d = q.shape
     p = num_prefix
@@ -73,6 +101,23 @@ def reference(q, k, v, num_prefix: int, tile_sizes: torch.Tensor, topk: int):
                     keys += range(starts[tj], starts[tj] + int(tile_sizes[tj]))
                 keys = torch.tensor(keys)
                 out[bi, rows, hi] = torch.softmax(qh[rows] @ kh[keys].T * scale, -1) @ vh[keys]
+    if gate is not None:
+        if prefix_sizes is None:
+            prefix_sizes = torch.tensor([min(64, p - r) for r in range(0, p, 64)], dtype=torch.long)
+        blocks, row = [], 0
+        for n in prefix_sizes.tolist() + tile_sizes.tolist():
+            blocks.append(list(range(row, row + int(n))))
+            row += int(n)
+        gd = gate.double()
+        for bi in range(b):
+            for hi in range(h):
+                means = [torch.stack([x[bi, r, hi] for r in rows]).mean(0) for x in (qd, kd, vd) for rows in blocks]
+                n = len(blocks)
+                qm, km, vm = torch.stack(means[:n]), torch.stack(means[n:2 * n]), torch.stack(means[2 * n:])
+                coarse = torch.softmax(qm @ km.T * scale, -1) @ vm  # [N, D]
+                for j, rows in enumerate(blocks):
+                    for r in rows:
+                        out[bi, r, hi] += coarse[j] * gd[bi, r, hi]
     return out, sel
 
 

@@ -5,7 +5,10 @@ Once per request, from the packed layout:
   row-major order; it is cut into 4x4x4 (t, h, w) tiles of up to 64 rows (edge tiles hold fewer rows: they are
   masked in the kernel, no padding row ever enters the sequence);
 - every other row (text, keyframe / reference / guide rows, audio) is the prefix, kept in its packed order and cut
-  into 64-row blocks (the last one shorter); the prefix is always attended in full, so its block cut is only tiling;
+  into 64-row blocks; the prefix is always attended in full, so its block cut is only tiling for the fine rule.
+  `prefix_sizes` cuts it segment by segment (a run of rows of one modality tag: text, condition video, audio) into
+  64-row blocks, the last of each segment shorter, as FastVideo's VSA-H3 does: the coarse branch (vsa_kernel.py,
+  learned gates of the FastH3 student) mean-pools these blocks, so a block never mixes two modalities;
 - `order` is the permutation into [prefix | tile 0 | tile 1 | ...] (full tiles first, then the edge tiles grouped
   by size, (t, h, w) tile order inside each group; rows inside a tile (t, h, w) row-major); `inverse` takes it back.
 
@@ -13,7 +16,8 @@ The permutation is applied once per request, not per block: `bind(step_plan)` re
 rows in tile order (position ids, tags and each row's timestep permuted, the index lists remapped), so the DiT embeds
 rows straight into tile order and its output heads read them back through the same index lists; the per-row ops of
 a block do not care about row order, and attention receives q, k, v already tiled. A request whose steps are all
-dense is not permuted at all (then it is bitwise the dense backend's run).
+dense is not permuted at all (then it is bitwise the dense backend's run), unless the DiT carries learned gates: the
+coarse branch they weigh runs on every step, dense ones included, so it always gets the plan (`bind(always=True)`).
 
 Schedule: `dense_steps` >= 1 is a step count, 0 < x < 1 a fraction of the steps (rounded up) run dense first; `topk`
 >= 1 is a tile count, 0 < x < 1 a fraction of the video tiles (rounded up) each video query tile attends.
@@ -132,6 +136,15 @@ class VSAPlan:
     settings: VSASettings = field(default_factory=VSASettings)
     sparse: bool = True  # False: a dense step of this plan (the backend runs dense attention)
     _device_tables: dict = field(default_factory=dict, repr=False)
+    prefix_sizes: torch.Tensor | None = None  # [Pb] segment-pure prefix blocks (None: plain 64-row blocks)
+
+    @property
+    def block_sizes(self) -> torch.Tensor:
+        """[Pb + T] rows of every block in tile order: the prefix blocks (segment-pure), then the video tiles."""
+        prefix = self.prefix_sizes
+        if prefix is None:
+            prefix = torch.tensor([n for _, n in self.prefix_blocks], dtype=torch.long)
+        return torch.cat([prefix.long(), self.tile_sizes.long()])
 
     @property
     def num_tiles(self) -> int:
@@ -176,12 +189,13 @@ class VSAPlan:
             video_indices=inv[layout.video_indices], audio_indices=inv[layout.audio_indices],
             text_indices=inv[layout.text_indices])
 
-    def bind(self, step_plan):
+    def bind(self, step_plan, always: bool = False):
         """-> (the StepPlan the driver runs, step i -> the attention plan of step i). All-dense requests are left in
-        packed order and get no plan (exactly the dense backend); otherwise rows run in tile order throughout."""
+        packed order and get no plan (exactly the dense backend), unless `always` (a DiT with learned gates: their
+        coarse branch needs the plan on dense steps too); otherwise rows run in tile order throughout."""
         steps = step_plan.steps
-        dense = self.settings.dense_count(steps)
-        if dense >= steps or self.num_tiles == 0:
+        dense = self.settings.dense_count(steps) if self.num_tiles else steps
+        if dense >= steps and not always:
             return step_plan, lambda i: None
         order, row_t = self.order, step_plan.row_timesteps
         tiled = dataclasses.replace(step_plan, layout=self.permute_layout(step_plan.layout),
@@ -203,4 +217,16 @@ def make_plan(layout, settings: VSASettings | None = None) -> VSAPlan:
     order = torch.cat([prefix, video])
     inverse = torch.empty_like(order)
     inverse[order] = torch.arange(seq)
-    return VSAPlan(order, inverse, int(prefix.numel()), sizes, grid, settings)
+    return VSAPlan(order, inverse, int(prefix.numel()), sizes, grid, settings,
+                   prefix_sizes=segment_blocks(layout.token_tags.cpu()[prefix]))
+
+
+def segment_blocks(tags: torch.Tensor) -> torch.Tensor:
+    """Prefix rows' modality tags [P] (packed order) -> block sizes [Pb]: each run of one tag cut into 64-row blocks,
+    the last of a run shorter."""
+    sizes: list[int] = []
+    if tags.numel():
+        _, runs = torch.unique_consecutive(tags, return_counts=True)
+        for run in runs.tolist():
+            sizes += [TILE_ROWS] * (run // TILE_ROWS) + ([run % TILE_ROWS] if run % TILE_ROWS else [])
+    return torch.tensor(sizes, dtype=torch.long)

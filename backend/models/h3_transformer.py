@@ -81,7 +81,9 @@ class H3TransformerConfig:
 
 
 class H3Attention(nn.Module):
-    """Self-attention over the packed sequence; per-head RMSNorm on q/k; optional rotary on the leading channels."""
+    """Self-attention over the packed sequence; per-head RMSNorm on q/k; optional rotary on the leading channels.
+    A FastH3 student's blocks add `to_gate_compress` (add_gate): the gate [B, S, H, D] of VSA's coarse branch, a
+    plain projection of the attention input handed to the attention kernel with q, k, v (attention/vsa_kernel.py)."""
 
     def __init__(self, hidden: int, heads: int, head_dim: int, qk_eps: float):
         super().__init__()
@@ -93,36 +95,52 @@ class H3Attention(nn.Module):
         self.norm_q = nn.RMSNorm(head_dim, eps=qk_eps)
         self.norm_k = nn.RMSNorm(head_dim, eps=qk_eps)
         self.to_out = nn.ModuleList([nn.Linear(inner, hidden, bias=False)])
+        self.to_gate_compress: nn.Linear | None = None  # add_gate(): a FastH3 student's learned VSA gate
         self.register_buffer("qkv_weight", None, persistent=False)  # set by fuse_qkv()
         self.qkv_fp8: Fp8Linear | None = None  # replaces qkv_weight under FP8 storage (H3Block.use_fp8_gemms)
 
+    def add_gate(self, weight: torch.Tensor) -> None:
+        """Install the learned gate projection [inner, hidden] (before fuse_qkv: it joins the fused GEMM)."""
+        if self.qkv_weight is not None or self.qkv_fp8 is not None:
+            raise RuntimeError("add_gate must come before fuse_qkv / FP8 quantisation.")
+        gate = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+        gate.weight = nn.Parameter(weight, requires_grad=False)
+        self.to_gate_compress = gate
+
     def fuse_qkv(self) -> None:
-        """One [3*inner, hidden] GEMM instead of three; the separate weights are dropped to keep memory flat."""
+        """One [3*inner, hidden] GEMM instead of three ([4*inner, hidden] with the gate); the separate weights are
+        dropped to keep memory flat."""
         if self.qkv_weight is not None or self.qkv_fp8 is not None:
             return
-        fused = torch.cat([self.to_q.weight.data, self.to_k.weight.data, self.to_v.weight.data], dim=0)
+        gate = [] if self.to_gate_compress is None else [self.to_gate_compress]
+        parts = [self.to_q, self.to_k, self.to_v] + gate
+        fused = torch.cat([lin.weight.data for lin in parts], dim=0)
         self.qkv_weight = fused
-        for lin in (self.to_q, self.to_k, self.to_v):
+        for lin in parts:
             lin.weight = nn.Parameter(fused.new_empty(0), requires_grad=False)
 
     def forward(self, x: torch.Tensor | Fp8Rows, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 attention: AttentionFn):
+        gate = None
         if self.qkv_fp8 is not None or self.qkv_weight is not None:
             qkv = self.qkv_fp8(x) if self.qkv_fp8 is not None else torch.nn.functional.linear(x, self.qkv_weight)
             b, s = qkv.shape[:2]
-            q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).unbind(2)
+            q, k, v, *rest = qkv.view(b, s, -1, self.heads, self.head_dim).unbind(2)
+            gate = rest[0] if rest else None
         else:
             b, s, _ = x.shape
             q = self.to_q(x).view(b, s, self.heads, self.head_dim)
             k = self.to_k(x).view(b, s, self.heads, self.head_dim)
             v = self.to_v(x).view(b, s, self.heads, self.head_dim)
+            if self.to_gate_compress is not None:
+                gate = self.to_gate_compress(x).view(b, s, self.heads, self.head_dim)
         q = rms_norm(q, self.norm_q.weight, self.qk_eps)
         k = rms_norm(k, self.norm_k.weight, self.qk_eps)
         if rope is not None:
             q = apply_rope_(q, *rope)
             k = apply_rope_(k, *rope)
-        out = attention(q, k, v).reshape(b, s, self.heads * self.head_dim)
-        return self.to_out[0](out)
+        out = attention(q, k, v) if gate is None else attention(q, k, v, gate)
+        return self.to_out[0](out.reshape(b, s, self.heads * self.head_dim))
 
 
 class H3FeedForward(nn.Module):
@@ -289,6 +307,7 @@ class H3Transformer(nn.Module):
         self.proj_out = nn.Linear(hidden, cfg.video_patch_dim, bias=True)
         self.audio_proj_out = nn.Linear(hidden, cfg.audio_in_channels, bias=True)
         self.block_offload = None  # a BlockStreamer under the offload placement (pipelines/h3/offload.py)
+        self.vsa_gates = False  # True once a FastH3 student's learned gates are installed (models/fasth3.py)
 
     def fuse_projections(self) -> None:
         for module in self.modules():
@@ -343,7 +362,7 @@ class H3Transformer(nn.Module):
         attention = self.attention
         if attention_plan is not None:
             backend = attention
-            attention = lambda q, k, v: backend(q, k, v, attention_plan)  # noqa: E731
+            attention = lambda q, k, v, gate=None: backend(q, k, v, attention_plan, gate)  # noqa: E731
         if shard is not None:
             attention = shard.attention(attention)  # Ulysses: heads <-> rows all-to-all around it
 
@@ -387,8 +406,11 @@ def load_h3_transformer(
     attention: str | AttentionFn = "sdpa",
     fuse: bool = True,
     storage: str = "compute",
+    adapter: str | os.PathLike | None = None,
 ) -> H3Transformer:
     """Build on the meta device (no host copy of 33B params), then assign the checkpoint's tensors strictly.
+    `adapter`: a FastH3 student's adapter file (models/fasth3.py), fused into the weights right after they load
+    (before the QKV fusion and any FP8 quantisation), its learned VSA gates installed.
 
     dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it.
     storage (runtime.WeightPolicy): "compute" as loaded; "fp8" / "fp8_emulated" the blocks' GEMM weights quantised
@@ -413,6 +435,10 @@ def load_h3_transformer(
         return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
     load_into(model, folder, device=device, dtype_for=dtype_for)
+    if adapter is not None:
+        from .fasth3 import fuse_adapter, read_adapter
+
+        fuse_adapter(model, read_adapter(adapter))
     model.rope_inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     if fuse:
         model.fuse_projections()

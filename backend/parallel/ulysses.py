@@ -99,12 +99,15 @@ def _heads_to_rows(x: torch.Tensor, shard: SequenceShard) -> torch.Tensor:
 def ulysses_attention(attention, shard: SequenceShard):
     """Wrap a [B, S, H, D] attention so it takes and returns this rank's rows [B, L, H, D]."""
 
-    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         if q.shape[2] % shard.world:
             raise ValueError(f"{q.shape[2]} heads do not split over {shard.world} ranks.")
         q, k, v = (_rows_to_heads(t, shard) for t in (q, k, v))
         s = shard.seq_len
-        out = attention(q[:, :s], k[:, :s], v[:, :s])
+        if gate is None:
+            out = attention(q[:, :s], k[:, :s], v[:, :s])
+        else:  # learned VSA gates (FastH3) travel like q, k, v: per head, over all rows
+            out = attention(q[:, :s], k[:, :s], v[:, :s], _rows_to_heads(gate, shard)[:, :s])
         if out.shape[1] != q.shape[1]:
             out = torch.cat([out, out.new_zeros((out.shape[0], q.shape[1] - s) + tuple(out.shape[2:]))], dim=1)
         return _heads_to_rows(out, shard)

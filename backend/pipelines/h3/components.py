@@ -151,6 +151,7 @@ class EngineOptions:
     resident_blocks: int | None = None  # WeightPolicy.resident_blocks (offload): None = auto per request
     adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
     weight_storage: str = "compute"  # WeightPolicy.storage: "fp8" quantises the DiT blocks' GEMM weights at load
+    student: str | None = None  # a FastH3 adapter file, fused into transformer/ at load (models/fasth3.py)
 
 
 class H3Components:
@@ -237,6 +238,10 @@ class H3Components:
     def has_partition(self, task: str) -> bool:
         return (self.folder / TASK_PARTITION[task]).is_dir()
 
+    def carries_student(self, task: str) -> bool:
+        """Whether the DiT that runs `task` has the FastH3 student fused in (only transformer/ gets it)."""
+        return bool(self.options.student) and TASK_PARTITION[task] == "transformer"
+
     def transformer_for(self, task: str) -> H3Transformer:
         name = TASK_PARTITION[task]
         if name not in self._dits:
@@ -250,18 +255,22 @@ class H3Components:
             if self.residency is not None:  # offload: loaded on the host, blocks homed there (pinned)
                 if self.device.type == "cuda":
                     self.residency.detach_dits()  # the dropped partition's pinned blocks go first
-                dit = load_h3_transformer(self.folder / name, "cpu", self.options.dtype, self.options.attention)
+                dit = load_h3_transformer(self.folder / name, "cpu", self.options.dtype, self.options.attention,
+                                          adapter=self._student(name))
                 self.residency.attach_dit(dit, self.options.weight_storage,
                                           ("adaln_proj.",) if self.options.adaln == "cache" else ())
             else:
                 dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention,
-                                          storage=self.options.weight_storage)
+                                          storage=self.options.weight_storage, adapter=self._student(name))
             if self.options.compile_blocks:
                 compile_blocks(dit)
             if self.options.adaln == "cache":
                 self._adaln[name] = AdaLNCache(dit)  # moves the projection weights to host memory now
             self._dits[name] = dit
         return self._dits[name]
+
+    def _student(self, partition: str) -> str | None:
+        return self.options.student if partition == "transformer" else None
 
     def adaln_cache(self, dit: H3Transformer) -> AdaLNCache | None:
         """The AdaLN table cache of a loaded DiT (None: direct projection)."""

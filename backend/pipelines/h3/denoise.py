@@ -50,7 +50,7 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
     attention_plan = None if attention is None else attention.plan_for(plan.layout)
     step_attention = lambda i: attention_plan  # noqa: E731
     if hasattr(attention_plan, "bind"):  # e.g. VSA: rows in tile order for the whole request, a plan per step
-        plan, step_attention = attention_plan.bind(plan)
+        plan, step_attention = attention_plan.bind(plan, always=getattr(dit, "vsa_gates", False))
     layout = plan.layout
     if video.shape[0] != layout.video_indices.numel() or audio.shape[0] != layout.audio_indices.numel():
         raise RuntimeError(f"Rows do not match the layout: video {video.shape[0]} vs {layout.video_indices.numel()}, "

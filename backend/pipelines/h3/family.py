@@ -16,13 +16,19 @@ class H3Options:
     vae_dtype: str = "float32"
     compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
     reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
+    student: str | None = None  # a FastH3 adapter file fused into transformer/ at load (models/fasth3.py)
 
 
 def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "float32", compile: str = "auto",
-              reference_image_short_edge: int | None = None, **engine) -> EngineConfig:
-    """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `engine`:
-    EngineConfig's own fields (device, world_size, executor, ray_address, attention, cpu_threads, ...)."""
-    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge)
+              reference_image_short_edge: int | None = None, student: str | None = None, **engine) -> EngineConfig:
+    """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `student`: a
+    FastH3 adapter file (or its folder); `engine`: EngineConfig's own fields (device, world_size, executor,
+    ray_address, attention, cpu_threads, ...)."""
+    if student:
+        from ...models.fasth3 import resolve_adapter_file
+
+        student = str(resolve_adapter_file(student).resolve())
+    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None)
     return EngineConfig("h3", options, compute_dtype=dtype, **engine)
 
 
@@ -41,6 +47,25 @@ class H3Family:
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {o.model_dir}")
         self._check_heads_split(o.model_dir, config.world_size)
         self._check_fp8(config)
+        if o.student:
+            self._check_student(config)
+
+    @staticmethod
+    def _check_student(config: EngineConfig) -> None:
+        """The FastH3 adapter against transformer/'s config (headers only, no weights), and the attention its
+        learned gates need."""
+        from ...attention.registry import get_backend
+        from ...models.checkpoint import CheckpointError
+        from ...models.fasth3 import check_adapter_for_folder
+
+        transformer = os.path.join(config.options.model_dir, "transformer")
+        if not os.path.isdir(transformer):
+            raise CheckpointError(f"The FastH3 student edits transformer/, which {config.options.model_dir} lacks.")
+        adapter = check_adapter_for_folder(config.options.student, transformer)
+        if adapter.has_gates and not get_backend(config.attention).gated:
+            raise ValueError(f"{adapter.path} carries learned VSA gates (FastH3's VSA variant): choose attention vsa "
+                             f"(got {config.attention}); vsa with a topk of every tile (e.g. 100000) is dense "
+                             "attention plus the gates.")
 
     @staticmethod
     def _check_fp8(config: EngineConfig) -> None:
@@ -110,6 +135,7 @@ class H3Family:
             placement=runtime.weights.placement,
             resident_blocks=runtime.weights.resident_blocks,
             weight_storage=runtime.weights.storage,
+            student=options.student,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
 

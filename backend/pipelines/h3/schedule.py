@@ -8,6 +8,12 @@ Convention: sigma 1 = noise, 0 = clean; t = 1 - sigma. The grid is linspace(1, 0
 s*sig / (1 + (s-1)*sig) with consecutive duplicates dropped, so `steps` grid points give steps-1 model evaluations
 (the released scheduler's convention). Update: x0 = x_t + (1 - t) * v (data-ward velocity), then
 x_next = r * x_t + (1 - r) * x0 with r = sigma_next / sigma, in float32.
+
+Named schedules (a request's `schedule`): "default" is the grid above with `steps` + 1 points; "fasth3" is the ladder
+FastVideo's FastH3 student was distilled on (docs/FASTH3.md): the pre-shift positions 0.999, 0.749, 0.5, 0.25 -> 0
+(the release's dmd_denoising_steps [999, 749, 500, 250] / 1000), each shifted like the grid by the request's video and
+audio shifts: 4 model evaluations, the same deterministic update (FastVideo and vLLM-Omni sample the student with
+their ordinary Euler step: no fresh noise between steps).
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import torch
 
 from .layout import CONDITION_T, PackedLayout
 
+SCHEDULES = ("default", "fasth3")
+FASTH3_POSITIONS = (0.999, 0.749, 0.5, 0.25, 0.0)
+FASTH3_STEPS = len(FASTH3_POSITIONS) - 1
 RELEASE_VIDEO_SHIFT = 12.0
 RELEASE_AUDIO_SHIFT = 3.0
 SCHEDULER_DEFAULT_SHIFT = 12.0  # diffusers' MiniMaxH3Scheduler(shift=12.0): a config without `shift` gets this
@@ -32,6 +41,14 @@ def shifted_sigmas(steps: int, shift: float) -> torch.Tensor:
     return torch.unique_consecutive(shift * base / (1 + (shift - 1) * base))
 
 
+def shifted_positions(positions, shift: float) -> torch.Tensor:
+    """A ladder of pre-shift positions (1 = noise .. 0) -> float32 sigmas, by the grid's shift formula."""
+    if shift <= 0:
+        raise ValueError(f"shift must be positive, got {shift}.")
+    base = torch.tensor(positions, dtype=torch.float32)
+    return shift * base / (1 + (shift - 1) * base)
+
+
 @dataclass
 class DualSchedule:
     video_sigmas: torch.Tensor  # [N+1] float32, ends at 0
@@ -40,6 +57,16 @@ class DualSchedule:
     @classmethod
     def make(cls, steps: int, video_shift: float, audio_shift: float) -> "DualSchedule":
         return cls(shifted_sigmas(steps, video_shift), shifted_sigmas(steps, audio_shift))
+
+    @classmethod
+    def named(cls, name: str, steps: int, video_shift: float, audio_shift: float) -> "DualSchedule":
+        """A request's schedule: "default" (`steps` evaluations on the grid) or "fasth3" (its 4-step ladder)."""
+        if name == "fasth3":
+            return cls(shifted_positions(FASTH3_POSITIONS, video_shift),
+                       shifted_positions(FASTH3_POSITIONS, audio_shift))
+        if name != "default":
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}.")
+        return cls.make(steps + 1, video_shift, audio_shift)
 
     @property
     def num_evaluations(self) -> int:

@@ -22,6 +22,7 @@ from ..geometry import AUDIO_LATENTS_PER_SECOND, RequestError, resolve_geometry
 from ..layout import PackedLayout, audio_rows_to_latents, build_layout, held_at_condition, patchify, unpatchify
 from ..request import H3Request, H3Result
 from ..schedule import DualSchedule
+from ..student import check_student
 from ..step_plan import Anchors, StepCallback, StepPlan
 
 
@@ -38,6 +39,7 @@ def run_edit(pipe, req: H3Request, on_step: StepCallback | None = None,
     t0 = time.perf_counter()
     if not c.has_partition("edit"):
         raise RequestError("This model folder has no transformer/ partition, which the edit task needs.")
+    check_student(c, req)
     patch = c.patch_size
     multiple = c.spatial_ratio * patch[2]
     grow, feather, mode, level = resolve_preset(req.preset, req.mask_grow, req.mask_feather, req.audio_mode,
@@ -84,7 +86,7 @@ def run_edit(pipe, req: H3Request, on_step: StepCallback | None = None,
 
     # 3. denoise: the state starts as the seeded noise (target rows only: no condition rows)
     t1 = time.perf_counter()
-    schedule = DualSchedule.make(req.steps + 1, req.video_shift, req.audio_shift)
+    schedule = DualSchedule.named(req.schedule, req.steps, req.video_shift, req.audio_shift)
     plan = StepPlan(layout, text.to(dev), schedule, masked_timesteps(layout, video_mask, audio_mask, schedule), anchors)
     state_v, state_a = pipe.denoise(dit, plan, noise_v.to(dev), audio_noise.to(dev), on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1

@@ -24,6 +24,7 @@ from ..layout import (PackedLayout, ReferenceBlock, audio_rows_to_latents, build
 from ..request import H3Request, H3Result
 from ..schedule import DualSchedule
 from ..step_plan import StepCallback, StepPlan
+from ..student import check_student
 
 DEFAULT_ASPECT = (16, 9)  # the canvas without width/height or a keyframe to follow
 
@@ -114,6 +115,7 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
     c, timings = pipe.c, {}
     t0 = time.perf_counter()
     geo = resolve(c, req)
+    check_student(c, req)
     patch, dev = c.patch_size, c.device
     dit = c.transformer_for(req.task)
 
@@ -133,7 +135,7 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
 
     # 3. denoise
     t1 = time.perf_counter()
-    schedule = DualSchedule.make(req.steps + 1, req.video_shift, req.audio_shift)
+    schedule = DualSchedule.named(req.schedule, req.steps, req.video_shift, req.audio_shift)
     video, audio = pipe.denoise(dit, StepPlan.on_clocks(cond.layout, cond.text.to(dev), schedule), video, audio,
                                 on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1
