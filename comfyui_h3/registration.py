@@ -10,6 +10,7 @@ from .nodes.load_video import H3LoadVideo, H3VideoComponents
 from .nodes.loader import H3ModelLoader
 from .nodes.mask_draw import H3MaskDraw
 from .nodes.mask_preview import H3MaskPreview
+from .nodes.preview_video import H3PreviewVideo
 from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
 from .nodes.seedvr2_loader import H3SeedVR2Loader
@@ -23,6 +24,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_ModelLoader": H3ModelLoader,
     "H3_Sample": H3Sample,
     "H3_SaveVideo": H3SaveVideo,
+    "H3_PreviewVideo": H3PreviewVideo,
     "H3_LoadImage": H3LoadImage,
     "H3_LoadVideo": H3LoadVideo,
     "H3_VideoComponents": H3VideoComponents,
@@ -38,6 +40,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
     "H3_Sample": "H3 Sample (MiniMax-H3)",
     "H3_SaveVideo": "H3 Save Video",
+    "H3_PreviewVideo": "H3 Preview Video",
     "H3_LoadImage": "H3 Load Image",
     "H3_LoadVideo": "H3 Load Video",
     "H3_VideoComponents": "H3 Video To Images",

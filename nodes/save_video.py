@@ -84,32 +84,37 @@ class H3SaveVideo:
         out_dir = services.output_directory()
         metadata = _metadata(prompt, extra_pnginfo)
         if images is not None:
-            frames, rate = _image_frames(images), as_fraction(float(fps))
-            wave = sample_rate = None
+            wave, sample_rate = override if override is not None else (None, None)
+            path = save_streamed(out_dir, filename_prefix, _image_frames(images), as_fraction(float(fps)), wave,
+                                 sample_rate, crf, preset, codec, metadata=metadata)
         else:
-            clip = as_h3_video(video)
-            source = _copyable_file(clip, codec, crf, preset) if override is None else None
-            if source is not None:  # already exactly what this save would write: copy the packets
-                path = copy_mp4(source, next_free_path(out_dir, filename_prefix, CODECS[codec].ext), metadata,
-                                reserved=True)
-                write_manifest_beside(path, manifest, time.perf_counter() - t0)
-                return _preview(path, out_dir)
-            rate, wave, sample_rate = clip.frame_rate, clip.audio, clip.sample_rate
-            width, height = clip.get_dimensions()
-            frames = FrameChunks(clip.iter_frames(), clip.get_frame_count(), height, width)
-        if override is not None:
-            wave, sample_rate = override
-        path = save_streamed(out_dir, filename_prefix, frames, rate, wave, sample_rate, crf, preset, codec,
-                             metadata=metadata)
+            path = write_clip(out_dir, filename_prefix, video, override, crf, preset, codec, metadata)
         write_manifest_beside(path, manifest, time.perf_counter() - t0)
-        return _preview(path, out_dir)
+        return {"ui": video_ui(path, out_dir, "output")}
 
 
-def _preview(path: str, out_dir: str) -> dict:
-    rel = os.path.relpath(path, out_dir)
-    subfolder, filename = os.path.split(rel)
-    return {"ui": {"images": [{"filename": filename, "subfolder": subfolder, "type": "output"}],
-                   "animated": (True,)}}
+def video_ui(path: str, folder: str, kind: str) -> dict:
+    """The node's ui entry that makes ComfyUI's frontend play `path` (a file under `folder`, ComfyUI's `kind` folder:
+    output / temp) in the node, as core's video preview does."""
+    subfolder, filename = os.path.split(os.path.relpath(path, folder))
+    return {"images": [{"filename": filename, "subfolder": subfolder, "type": kind}], "animated": (True,)}
+
+
+def write_clip(out_dir: str, prefix: str, video, override=None, crf=18, preset="veryfast", codec="h264",
+               metadata=None) -> str:
+    """Any VIDEO (ours or core's) -> a new `<out_dir>/<prefix>_NNNNN.<ext>` (never an existing name); returns its
+    path. `override`: (waveform [C, S], rate) replacing the clip's own soundtrack. A clip whose own MP4 this pack
+    wrote with exactly these settings is copied packet for packet; anything else streams through the encoder in
+    chunks (save_streamed)."""
+    clip = as_h3_video(video)
+    source = _copyable_file(clip, codec, crf, preset) if override is None else None
+    if source is not None:  # already exactly what this save would write: copy the packets
+        return copy_mp4(source, next_free_path(out_dir, prefix, CODECS[codec].ext), metadata, reserved=True)
+    wave, sample_rate = (clip.audio, clip.sample_rate) if override is None else override
+    width, height = clip.get_dimensions()
+    frames = FrameChunks(clip.iter_frames(), clip.get_frame_count(), height, width)
+    return save_streamed(out_dir, prefix, frames, clip.frame_rate, wave, sample_rate, crf, preset, codec,
+                         metadata=metadata)
 
 
 class FrameChunks:
