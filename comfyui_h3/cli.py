@@ -78,6 +78,11 @@ def _model_option(p) -> None:
     p.add_argument("--vsa-dense-steps", type=float, default=None, metavar="N",
                    help="With --attention vsa: steps run dense first, a count (>= 1) or a fraction of the steps "
                         "(< 1; default 0.25).")
+    p.add_argument("--fasth3", default=None, metavar="FILE|tiny",
+                   help="FastH3, FastVideo's 4-step student: its adapter_model.safetensors (vsa-datafree: needs "
+                        "--attention vsa; or dense-datafree), fused into transformer/ at load; 'tiny': the built-in "
+                        "test student for the tiny model. generate then samples text-to-video on its 4-step "
+                        "schedule.")
     p.add_argument("--fp8", action="store_true",
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "
@@ -137,7 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--width", type=int, help="Multiple of 32, with --height. Default: the first frame's aspect, else "
                                              "16:9 at 768 short edge.")
     g.add_argument("--height", type=int, help="Multiple of 32, with --width.")
-    _sampling_options(g)
+    _sampling_options(g, "Denoising steps (model evaluations). Default: 50, or 4 with the fasth3 schedule.")
+    g.set_defaults(steps=None)
+    g.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
+                   help="default: --steps steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
+                        "auto: fasth3 with --fasth3, else default.")
     _device_options(g)
     add_manifest_option(g)
     g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")

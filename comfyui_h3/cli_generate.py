@@ -38,6 +38,18 @@ def reference_from_file(path: str):
                           sample_rate=clip.sample_rate)
 
 
+def sampling_plan(args) -> tuple[str, int]:
+    """(schedule, steps) of a generate command: --schedule auto is fasth3 with --fasth3; --steps defaults to 50,
+    or to the ladder's 4 steps on the fasth3 schedule."""
+    from .backend.pipelines.h3.schedule import FASTH3_STEPS
+
+    schedule = getattr(args, "schedule", "auto")
+    if schedule == "auto":
+        schedule = "fasth3" if getattr(args, "fasth3", None) else "default"
+    steps = args.steps if args.steps is not None else (FASTH3_STEPS if schedule == "fasth3" else 50)
+    return schedule, steps
+
+
 def build_request(args):
     from .backend.pipelines.h3.geometry import FPS, MIN_SECONDS, check_duration, frames_for_seconds
     from .backend.pipelines.h3.request import H3Request
@@ -49,8 +61,9 @@ def build_request(args):
     seconds = args.frames / FPS if args.frames is not None else (args.seconds if args.seconds is not None
                                                                   else MIN_SECONDS)
     frames = frames_for_seconds(seconds)
+    schedule, steps = sampling_plan(args)
     return H3Request(
-        prompt=args.prompt, num_frames=frames, width=args.width, height=args.height, steps=args.steps,
+        prompt=args.prompt, num_frames=frames, width=args.width, height=args.height, steps=steps, schedule=schedule,
         video_shift=args.video_shift, audio_shift=args.audio_shift, seed=args.seed,
         first_frame=_open_image(args.first_frame) if args.first_frame else None,
         last_frame=_open_image(args.last_frame) if args.last_frame else None,
@@ -110,6 +123,18 @@ def attention_name(args) -> str:
     return vsa.spec(defaults.topk if topk is None else topk, defaults.dense_steps if dense is None else dense)
 
 
+def student_file(args) -> str | None:
+    """--fasth3: None, the built-in tiny student ('tiny'), or the adapter file / folder given."""
+    student = getattr(args, "fasth3", None)
+    if not student:
+        return None
+    if student == "tiny":
+        from .tiny_model import ensure_tiny_student
+
+        return str(ensure_tiny_student())
+    return student
+
+
 def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
     """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
     and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept).
@@ -126,8 +151,8 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     placement, resident = parse_resident_blocks(getattr(args, "resident_blocks", "all"))
     weights = dataclasses.replace(weights, placement=placement, resident_blocks=resident)
     engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights,
-                                  attention=attention_name(args)))
-    reporter = services.ProgressReporter(args.steps, desc=desc)
+                                  attention=attention_name(args), student=student_file(args)))
+    reporter = services.ProgressReporter(request.steps, desc=desc)
     stop = {"flag": False}
 
     def on_ctrl_c(signum, frame):  # the first finishes the step, then stops; a second quits at once

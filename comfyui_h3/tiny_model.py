@@ -38,6 +38,23 @@ def ensure_tiny_model(target: str | os.PathLike | None = None) -> Path:
     return target
 
 
+TINY_STUDENT_NAME = "tiny-fasth3 (built-in test student for the tiny model)"
+
+
+def ensure_tiny_student(variant: str = "vsa-datafree", target: str | os.PathLike | None = None) -> Path:
+    """The tiny FastH3 student's adapter file for the tiny H3 set (backend/models/tiny_fasth3.py), in the release's
+    layout: <cache>/tiny-fasth3/vsa-datafree/adapter_model.safetensors (learned VSA gates) or dense-datafree/ (none);
+    built if absent (written beside and renamed into place)."""
+    from .backend.models.tiny_fasth3 import make_tiny_fasth3
+
+    if variant not in ("vsa-datafree", "dense-datafree"):
+        raise ValueError(f"tiny student variant must be vsa-datafree or dense-datafree, got {variant!r}.")
+    target = Path(target) if target else cache_dir() / "tiny-fasth3" / variant / "adapter_model.safetensors"
+    if not target.is_file():
+        make_tiny_fasth3(target, gates=variant == "vsa-datafree")
+    return target
+
+
 TINY_SEEDVR2_NAME = "tiny-seedvr2 (built-in test model, makes noise)"
 
 

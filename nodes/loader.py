@@ -11,7 +11,7 @@ from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
 from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
 from ..backend.runtime import WeightPolicy
-from ..tiny_model import TINY_NAME, ensure_tiny_model
+from ..tiny_model import TINY_NAME, TINY_STUDENT_NAME, ensure_tiny_model, ensure_tiny_student
 from ..types import H3EngineHandle
 from .widgets import DEVICE_INPUT, GPUS_INPUT, attention_input, check_device, cuda_available
 
@@ -86,6 +86,13 @@ class H3ModelLoader:
                     "tooltip": "With attention vsa: steps run with dense attention before the sparse ones. Below "
                                "1: a fraction of the steps (0.25 = the first quarter); 1 or more: a step count. "
                                "Ignored by the other attention kernels."}),
+                "student": (["none", TINY_STUDENT_NAME] + services.fasth3_adapter_files(), {
+                    "default": "none",
+                    "tooltip": "FastH3, FastVideo's 4-step student of MiniMax-H3: its adapter_model.safetensors "
+                               "(vsa-datafree or dense-datafree) from a folder named after FastH3 under models/loras, "
+                               "fused into the transformer at load. Then sample text-to-video with schedule fasth3 "
+                               "and 4 steps. The vsa-datafree variant carries learned gates and needs attention vsa. "
+                               "The tiny student goes with the tiny model."}),
             },
         }
 
@@ -96,7 +103,8 @@ class H3ModelLoader:
         return check_device(device)
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
-             adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None):
+             adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None,
+             student="none"):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}.")
         placement, resident = parse_resident_blocks(resident_blocks)
@@ -107,13 +115,18 @@ class H3ModelLoader:
             path = str(ensure_tiny_model())
         else:
             path = services.resolve_h3_model(model)
+        adapter = None
+        if student == TINY_STUDENT_NAME:
+            adapter = str(ensure_tiny_student())
+        elif student not in (None, "", "none"):
+            adapter = services.resolve_fasth3_adapter(student)
         if device == "auto":
             device = "cuda" if cuda_available() else "cpu"
         if executor == "ray":
             gpus = ""  # Ray assigns one GPU per actor
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
-                              executor=executor, ray_address=(ray_address or "").strip(),
+                              executor=executor, ray_address=(ray_address or "").strip(), student=adapter,
                               weights=WeightPolicy(adaln="cache" if adaln_cache else "direct",
                                                    storage=WEIGHT_FORMATS[weights],
                                                    placement=placement, resident_blocks=resident))

@@ -10,6 +10,7 @@ from ..backend.engine import EngineCancelled, EngineError, shutdown_all
 from ..backend.manifest import summary as manifest_summary
 from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds
 from ..backend.pipelines.h3.request import H3Request
+from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
 from .adapters import build_references, single_image, waveform_to_audio
@@ -68,6 +69,11 @@ class H3Sample:
                                                          "too), read after the images."}),
                 "reference_audio": ("AUDIO", {"tooltip": "A reference soundtrack, read last; needs an image or "
                                                          "video reference beside it."}),
+                "schedule": (list(SCHEDULES), {
+                    "default": "default",
+                    "tooltip": "default: `steps` steps on the model's shifted schedule. fasth3: the 4-step ladder "
+                               "the FastH3 student was distilled on (set steps to 4; load the student in H3 Model "
+                               "Loader). Text-to-video only with the student."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -84,12 +90,12 @@ class H3Sample:
 
     def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
                first_frame=None, last_frame=None, reference_images=None, reference_video=None,
-               reference_audio=None, unique_id=None):
+               reference_audio=None, schedule="default", unique_id=None):
         request = H3Request(
             prompt=prompt, num_frames=seconds_to_frames(seconds), width=width or None, height=height or None,
             steps=steps, video_shift=video_shift or None, audio_shift=audio_shift or None, seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
-            references=build_references(reference_images, reference_video, reference_audio),
+            references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
         )
         result = run_engine(engine, request, steps, unique_id)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)

@@ -36,6 +36,7 @@ CARDS = {
     "seedvr2_upscale_video": ("Upscale a video", "SeedVR2 restores and upscales it, sound kept."),
     "h3_generate_then_upscale": ("Generate, then upscale", "A new clip with its sound, upscaled by SeedVR2."),
     "h3_extend_then_upscale": ("Extend, then upscale", "A clip continued, then upscaled by SeedVR2."),
+    "h3_fasth3_text_to_video": ("FastH3: text to video", "The 4-step student: a clip and its sound, fast."),
 }
 
 
@@ -183,6 +184,10 @@ def picture(name: str, card: Image.Image) -> None:
     elif name == "h3_extend_then_upscale":
         film_strip(card, [frames[k][::3, ::3] for k in (0, 64, 129)], 20, 310, 60, hatch=1)
         ImageDraw.Draw(card).text((20 + 3 * 78, 140), "+ 5 s, x2", font=font(16), fill=ACCENT)
+        waveform(card, 190)
+    elif name == "h3_fasth3_text_to_video":
+        film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
+        ImageDraw.Draw(card).text((20, 150), "4 steps", font=font(16), fill=ACCENT)
         waveform(card, 190)
     else:  # text to video
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)

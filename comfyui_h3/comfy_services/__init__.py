@@ -13,6 +13,7 @@ below are the implementation:
 - ``memory``: :func:`free_comfy_device_memory` and the free-memory hook
 - ``device``: :func:`comfy_compute_device`, the device ComfyUI computes on
 - ``models``: model roots, discovery and :func:`resolve_h3_model`
+- ``fasth3_models``: FastH3 student adapter discovery and :func:`resolve_fasth3_adapter`
 - ``seedvr2_models``: SeedVR2 DiT / VAE / text-embedding discovery and :func:`resolve_seedvr2_file`
 - ``track_models``: SAM2 / SAM3 folders for H3 Track Mask (``models/sam2``, ``models/sam3``) and
   :func:`resolve_track_model`
@@ -34,6 +35,7 @@ from .interrupt import (clear_interrupt, interrupt_exception_types, interrupt_re
 from .memory import ensure_free_memory_hook, free_comfy_device_memory, log, register_free_memory_hook
 from .models import (ENV_MODELS, H3_EXTRA_FOLDER_TYPES, H3_FOLDER_TYPE, MODEL_SCAN_DEPTH, h3_model_dirs,
                      h3_model_roots, is_h3_model_dir, register_h3_model_folder, resolve_h3_model)
+from .fasth3_models import fasth3_adapter_files, resolve_fasth3_adapter
 from .seedvr2_models import (SEEDVR2_FOLDER_TYPE, SeedVR2FileNotFound, find_seedvr2_text_embedding,
                              find_seedvr2_vae, register_seedvr2_model_folder, resolve_seedvr2_file,
                              seedvr2_dit_files, seedvr2_file_kind, seedvr2_roots, seedvr2_vae_files)
@@ -77,6 +79,8 @@ __all__ = [
     "resolve_seedvr2_file",
     "find_seedvr2_vae",
     "find_seedvr2_text_embedding",
+    "fasth3_adapter_files",
+    "resolve_fasth3_adapter",
     "SAM2_FOLDER_TYPE",
     "SAM3_FOLDER_TYPE",
     "TrackModelNotFound",

@@ -1,0 +1,85 @@
+"""FastH3 student discovery: the adapter files the H3 Model Loader offers (FastVideo's release,
+``FastVideo-FastH3-4-step-Preview-v1-LoRA/vsa-datafree/adapter_model.safetensors`` and its ``dense-datafree``
+sibling; docs/FASTH3.md) and resolving a listed name to a path that stays inside its folder.
+
+Folders searched (first match wins): ComfyUI's ``loras`` folder paths (where LoRA-style downloads go;
+extra_model_paths.yaml included), then the MiniMax-H3 model roots (models/minimax_h3 ...; ``COMFYUI_H3_MODELS``). A
+``.safetensors`` file is listed when its path below the root says FastH3 (``fasth3`` in any folder or file name, any
+case), up to four levels deep, so the loader does not list every LoRA of a large collection; the file itself is
+checked when the engine config is (models/fasth3.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+from ._comfy import _comfy
+from ._fs import _check_relative, _inside, _norm, _unique
+from .errors import H3ModelNotFound
+from .models import h3_model_roots
+
+FASTH3_SCAN_DEPTH = 4
+MARKER = "fasth3"
+
+__all__ = ["fasth3_roots", "fasth3_adapter_files", "resolve_fasth3_adapter"]
+
+
+def fasth3_roots() -> List[str]:
+    roots: List[str] = []
+    fp = _comfy("folder_paths")
+    if fp is not None:
+        get = getattr(fp, "get_folder_paths", None)
+        try:
+            roots.extend(get("loras") if get is not None else fp.folder_names_and_paths["loras"][0])
+        except (KeyError, AttributeError, TypeError):
+            pass
+    roots.extend(h3_model_roots())
+    return _unique(_norm(r) for r in roots)
+
+
+def _scan(root: str) -> List[str]:
+    found: List[str] = []
+
+    def walk(folder: str, rel: tuple, left: int) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            sub = rel + (entry.name,)
+            try:
+                if entry.is_dir():
+                    if left > 1:
+                        walk(entry.path, sub, left - 1)
+                elif entry.name.endswith(".safetensors") and MARKER in "/".join(sub).lower():
+                    found.append("/".join(sub))
+            except OSError:
+                continue
+
+    walk(root, (), FASTH3_SCAN_DEPTH)
+    return found
+
+
+def fasth3_adapter_files(roots: Optional[Sequence[str]] = None) -> List[str]:
+    """Names (relative to their root, '/' separators) of the FastH3 adapter files under the roots, sorted, each once."""
+    names: List[str] = []
+    for root in (fasth3_roots() if roots is None else [_norm(r) for r in roots]):
+        if os.path.isdir(root):
+            names.extend(_scan(root))
+    return sorted(set(names), key=lambda n: (n.lower(), n))
+
+
+def resolve_fasth3_adapter(name: str, roots: Optional[Sequence[str]] = None) -> str:
+    """Absolute path of a listed adapter name; it never leaves its root ('..' refused)."""
+    parts = _check_relative(str(name).strip(), "FastH3 adapter name")
+    root_list = fasth3_roots() if roots is None else [_norm(r) for r in roots]
+    for root in root_list:
+        candidate = os.path.normpath(os.path.join(root, *parts)) if parts else root
+        if parts and _inside(root, candidate) and os.path.isfile(candidate):
+            return candidate
+    raise H3ModelNotFound(f"FastH3 adapter {name!r} not found under {root_list or '(no roots)'}: put FastVideo's "
+                          "adapter_model.safetensors in a folder named after FastH3 under ComfyUI/models/loras "
+                          "(e.g. loras/FastH3/vsa-datafree/adapter_model.safetensors).")
