@@ -6,10 +6,12 @@
 //     frameCount,                  // frames on the timeline
 //     frameUrl: (n) => url|null,   // an image of frame n (optional)
 //     onChange: (json) => {},      // the serialised state, after every finished edit
-//     onSettings: ({grow, feather, invert}) => {},
-//     limits: {grow: {min, max}, feather: {min, max}},  // the node widgets' ranges: typed values are clamped to them
+//     limits: {grow: {min, max}, feather: {min, max}},  // the node widgets' ranges (setSettings clamps to them)
 //     onResize: () => {},          // the editor's content height changed (a status line shown or hidden)
+//     onOpen: () => {},            // optional: shows an "open editor" button (the full-size dialog, mask_dialog.js)
 //   });
+// Grow / feather / invert are the node's widgets (one place for them); the host passes their values to
+// setSettings so the preview shows the mask as the node will make it.
 
 import {
   addShape, clampSetting, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe,
@@ -68,29 +70,23 @@ export class MaskEditor {
     bar.append(el("button", { "data-action": "clear", title: "Remove every shape of this frame's keyframe", onclick: () => this.commit(clearKeyframe(this.state, this.frame)) }, ["clear"]));
     bar.append(el("button", { "data-action": "key-add", title: "Add a keyframe here (copies the shapes as they are on this frame)", onclick: () => this.commit(ensureKeyframe(this.state, this.frame)) }, ["key +"]));
     bar.append(el("button", { "data-action": "key-remove", title: "Remove this frame's keyframe", onclick: () => this.commit(removeKeyframe(this.state, this.frame)) }, ["key −"]));
-    const settings = el("div", { style: "display:flex;gap:4px;align-items:center;font:11px sans-serif;color:#ddd" });
-    this.growInput = el("input", { type: "number", step: "1", style: "width:48px", title: "Grow (px; negative shrinks)", "data-role": "grow", onchange: () => this.settingsChanged() });
-    this.featherInput = el("input", { type: "number", step: "1", style: "width:48px", title: "Feather (px)", "data-role": "feather", onchange: () => this.settingsChanged() });
-    for (const [input, { min, max }] of [[this.growInput, this.limits.grow], [this.featherInput, this.limits.feather]]) {
-      if (Number.isFinite(min)) input.min = String(min);
-      if (Number.isFinite(max)) input.max = String(max);
+    if (this.options.onOpen) {
+      bar.append(el("button", { "data-action": "open-editor", title: "Open the full-size editor (zoom, play, onion skin, undo)", style: "margin-left:auto",
+        onclick: () => this.options.onOpen() }, ["⛶ open editor"]));
     }
-    this.invertInput = el("input", { type: "checkbox", title: "Invert", "data-role": "invert", onchange: () => this.settingsChanged() });
-    settings.append("grow", this.growInput, "feather", this.featherInput, "invert", this.invertInput);
     this.canvas = el("canvas", { class: "h3-mask-canvas", style: "width:100%;display:block;background:#111;cursor:crosshair;touch-action:none" });
     this.scrubber = el("input", { type: "range", min: "0", max: "0", value: "0", style: "width:100%", title: "Frame", "data-role": "scrubber",
       oninput: (e) => this.setFrame(Number(e.target.value)) });
     this.label = el("div", { style: "font:11px sans-serif;color:#aaa" });
     // Why there is no frame under the drawing (set by the host, or a frame that failed to load); hidden when empty.
     this.status = el("div", { "data-role": "status", style: "font:12px sans-serif;color:#fc6;display:none;white-space:normal" });
-    this.root.append(bar, settings, this.status, this.canvas, this.scrubber, this.label);
+    this.root.append(bar, this.status, this.canvas, this.scrubber, this.label);
     this.canvas.addEventListener("mousedown", (e) => this.down(e));
     this.moveHandler = (e) => this.move(e);
     this.upHandler = (e) => this.up(e);
     window.addEventListener("mousemove", this.moveHandler);
     window.addEventListener("mouseup", this.upHandler);
     this.setTool(this.tool);
-    this.syncSettingsInputs();
   }
 
   destroy() {
@@ -101,7 +97,6 @@ export class MaskEditor {
   // -- external updates ----------------------------------------------------------------------------------------------
   setState(json) {
     this.state = parseState(json);
-    this.syncSettingsInputs();
     this.resize();
     this.render();
   }
@@ -121,8 +116,7 @@ export class MaskEditor {
 
   setSettings({ grow, feather, invert }) {
     this.state = { ...this.state, grow: clampSetting(grow ?? this.state.grow, this.limits.grow),
-      feather: clampSetting(feather ?? this.state.feather, this.limits.feather), invert: invert ?? this.state.invert };
-    this.syncSettingsInputs();
+      feather: clampSetting(feather ?? this.state.feather, this.limits.feather), invert: Boolean(invert ?? this.state.invert) };
     this.render();
   }
 
@@ -162,22 +156,6 @@ export class MaskEditor {
   }
 
   // -- internals ------------------------------------------------------------------------------------------------------
-  syncSettingsInputs() {
-    this.growInput.value = String(this.state.grow || 0);
-    this.featherInput.value = String(this.state.feather || 0);
-    this.invertInput.checked = Boolean(this.state.invert);
-  }
-
-  settingsChanged() {
-    // A number box lets any value be typed (min / max only guide its arrows): clamp to the widget's range, and show it.
-    const settings = { grow: clampSetting(this.growInput.value, this.limits.grow, this.state.grow),
-      feather: clampSetting(this.featherInput.value, this.limits.feather, this.state.feather), invert: this.invertInput.checked };
-    this.state = { ...this.state, ...settings };
-    this.syncSettingsInputs();
-    this.options.onSettings?.(settings);
-    this.commit(this.state);
-  }
-
   resize() {
     const scale = Math.min(1, PREVIEW_MAX / Math.max(this.state.width, this.state.height));
     this.canvas.width = Math.max(1, Math.round(this.state.width * scale));

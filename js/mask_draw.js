@@ -1,35 +1,13 @@
 // ComfyUI glue of H3 Mask Draw: mounts the MaskEditor (mask_canvas.js) in the node as a DOM widget, shows the frames
 // of the upstream H3 Load Video (served by the pack's /h3/video_info and /h3/video_frame routes) and keeps the drawing
-// in the node's `mask_state` STRING widget (hidden), so the workflow saves it.
+// in the node's `mask_state` STRING widget (hidden), so the workflow saves it. Its "open editor" button opens the
+// full-size dialog (mask_dialog.js) on the same widget.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { MaskEditor } from "./mask_canvas.js";
-import { clampSetting, serializeState } from "./mask_logic.js";
-
-const LOADER_OPTIONS = ["video", "path", "force_rate", "skip_first_frames", "frame_load_cap", "select_every_nth",
-  "max_seconds", "resize", "fit", "width", "height"];
-
-function widget(node, name) {
-  return node.widgets?.find((w) => w.name === name);
-}
-
-// The upstream H3 Load Video's options as route parameters, or why there are no frames to show.
-function upstreamLoader(node) {
-  const input = node.inputs?.find((i) => i.name === "video");
-  const link = input?.link != null ? node.graph?.links?.[input.link] ?? node.graph?.links?.get?.(input.link) : null;
-  const origin = link ? node.graph.getNodeById(link.origin_id) : null;
-  if (!origin) return { why: "No frames to show: connect an H3 Load Video to this node's video input." };
-  if (origin.type !== "H3_LoadVideo") {
-    return { why: `No frames to show: the editor shows the frames of an H3 Load Video, and video comes from ${origin.title || origin.type}. The drawing still applies to that video.` };
-  }
-  const params = new URLSearchParams();
-  for (const name of LOADER_OPTIONS) {
-    const w = widget(origin, name);
-    if (w && w.value !== undefined && w.value !== null && w.value !== "") params.set(name, String(w.value));
-  }
-  if (!params.get("video") && !params.get("path")) return { why: "No frames to show: pick a video in the H3 Load Video node." };
-  return { params };
-}
+import { VideoEditorDialog } from "./mask_dialog.js";
+import { serializeState } from "./mask_logic.js";
+import { frameUrl, hideWidget, upstreamLoader, widget } from "./video_source.js";
 
 app.registerExtension({
   name: "comfyui_h3.MaskDraw",
@@ -40,18 +18,15 @@ app.registerExtension({
       const result = onNodeCreated?.apply(this, arguments);
       const node = this;
       const stateWidget = widget(node, "mask_state");
-      if (stateWidget) {  // keep it (it is what the workflow saves) but out of sight
-        stateWidget.hidden = true;
-        stateWidget.options = { ...stateWidget.options, hidden: true };  // what the Vue ("Nodes 2.0") renderer reads
-        stateWidget.computeSize = () => [0, -4];
-        if (stateWidget.element) stateWidget.element.style.display = "none";
-      }
+      hideWidget(stateWidget);  // kept (it is what the workflow saves) but out of sight
       const root = document.createElement("div");
       root.style.cssText = "display:flex;flex-direction:column;gap:3px;width:100%";
       // The Vue node renderer ("Nodes 2.0") drags the node from any pointerdown inside it: keep strokes and slider
       // drags in the editor.
       root.addEventListener("pointerdown", (e) => e.stopPropagation());
       let source = null;
+      let video = null;  // {width, height, frameCount, fps} of the upstream loader's clip, once known
+      let why = "";  // ... or why there are no frames
       const settingsWidgets = ["grow", "feather", "invert"].map((n) => widget(node, n));
       // The ranges come from the node definition (INPUT_TYPES), as the widgets carry them.
       const limitsOf = (w) => ({ min: Number(w?.options?.min), max: Number(w?.options?.max) });
@@ -62,26 +37,46 @@ app.registerExtension({
         if (min && node.size[1] < min[1]) node.setSize([node.size[0], min[1]]);
         node.setDirtyCanvas?.(true, true);
       });
+      const save = (json) => { if (stateWidget) stateWidget.value = json; node.setDirtyCanvas?.(true, true); };
+      // The preview shows the drawing with the node's grow / feather / invert (the widgets are what the node uses;
+      // the state's copies of them may be older).
+      const settings = () => ({ grow: settingsWidgets[0]?.value, feather: settingsWidgets[1]?.value, invert: settingsWidgets[2]?.value });
+      const showState = (json) => { editor.setState(json); editor.setSettings(settings()); };
+      // The full-size editor on the same widget: each edit lands in mask_state and in the node's preview at once.
+      const openDialog = () => {
+        if (node.h3VideoEditor) return;
+        node.h3VideoEditor = new VideoEditorDialog({
+          mode: "mask",
+          title: `${node.title || "H3 Mask Draw"} — mask editor`,
+          value: stateWidget?.value ?? "",
+          video: source ? video : null,
+          status: source ? "" : why,
+          frameUrl: (n, maxSize) => frameUrl(api, source, n, maxSize),
+          onChange: (json) => { save(json); showState(json); },
+          onClose: () => {
+            const frame = node.h3VideoEditor?.frame;
+            node.h3VideoEditor = null;
+            if (frame != null) editor.setFrame(frame);
+          },
+        });
+      };
       const editor = new MaskEditor(root, {
         limits,
         onResize: fitNode,
+        onOpen: openDialog,
         state: stateWidget?.value || "",
         frameCount: 1,
-        frameUrl: (n) => (source ? api.apiURL(`/h3/video_frame?${source}&frame=${n}&max_size=512`) : null),
-        onChange: (json) => { if (stateWidget) stateWidget.value = json; node.setDirtyCanvas?.(true, true); },
-        onSettings: ({ grow, feather, invert }) => {
-          if (settingsWidgets[0]) settingsWidgets[0].value = clampSetting(grow, limits.grow);
-          if (settingsWidgets[1]) settingsWidgets[1].value = clampSetting(feather, limits.feather);
-          if (settingsWidgets[2]) settingsWidgets[2].value = invert;
-        },
+        frameUrl: (n) => frameUrl(api, source, n, 512),
+        onChange: save,
       });
       node.h3MaskEditor = editor;
+      node.h3OpenVideoEditor = openDialog;
       for (const w of settingsWidgets) {
         if (!w) continue;
         const callback = w.callback;
         w.callback = function () {
           const r = callback?.apply(this, arguments);
-          editor.setSettings({ grow: settingsWidgets[0]?.value, feather: settingsWidgets[1]?.value, invert: settingsWidgets[2]?.value });
+          editor.setSettings(settings());
           if (stateWidget) stateWidget.value = serializeState(editor.state);
           return r;
         };
@@ -102,11 +97,13 @@ app.registerExtension({
       let key = null;
       // Why the editor shows no frames is written in the node (the status line), not only in the console.
       const poll = async () => {
-        const { params, why } = upstreamLoader(node);
-        const next = params ? params.toString() : `none:${why}`;
+        const upstream = upstreamLoader(node);
+        const next = upstream.params ? upstream.params.toString() : `none:${upstream.why}`;
         if (next === key) return;
         key = next;
-        source = params ? next : null;
+        source = upstream.params ? next : null;
+        video = null;
+        why = upstream.why || "";
         if (!source) { editor.setVideo({ frameCount: 1 }); editor.setStatus(why); return; }
         try {
           const info = await (await api.fetchApi(`/h3/video_info?${source}`)).json();
@@ -114,10 +111,12 @@ app.registerExtension({
           if (info.error) {
             console.warn("H3 Mask Draw:", info.error);
             source = null;
+            why = `No frames to show: ${info.error}`;
             editor.setVideo({ frameCount: 1 });
-            editor.setStatus(`No frames to show: ${info.error}`);
+            editor.setStatus(why);
             return;
           }
+          video = { width: info.width, height: info.height, frameCount: info.frame_count, fps: info.fps };
           editor.setStatus("");
           // Only an adopted size is written back: re-serialising an unchanged state would rewrite a loaded workflow's
           // mask_state (and mark it modified) for nothing.
@@ -126,16 +125,24 @@ app.registerExtension({
           }
         } catch (err) {
           console.warn("H3 Mask Draw: no frame info", err);
-          if (key === next) editor.setStatus(`No frames to show: the server did not answer (${err?.message || err}).`);
+          if (key === next) {
+            why = `No frames to show: the server did not answer (${err?.message || err}).`;
+            editor.setStatus(why);
+          }
         }
       };
       const timer = setInterval(poll, 1000);
       const onRemoved = node.onRemoved;
-      node.onRemoved = function () { clearInterval(timer); editor.destroy(); return onRemoved?.apply(this, arguments); };
+      node.onRemoved = function () {
+        clearInterval(timer);
+        editor.destroy();
+        node.h3VideoEditor?.close();
+        return onRemoved?.apply(this, arguments);
+      };
       const onConfigure = node.onConfigure;
       node.onConfigure = function () {
         const r = onConfigure?.apply(this, arguments);
-        if (stateWidget?.value) editor.setState(stateWidget.value);
+        if (stateWidget?.value) showState(stateWidget.value);
         key = null;
         return r;
       };

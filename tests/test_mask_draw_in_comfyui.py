@@ -2,8 +2,8 @@
 
 A ComfyUI with this pack (the integration lane's server: tests/comfyui_lane.py) gets a small clip in its input folder;
 tests/js/comfyui_mask_draw_check.mjs opens the page, loads example_workflows/h3_object_removal.json, points its H3 Load Video
-at the clip, caps and uncaps the loader's frames, scrubs the editor's timeline, draws a rectangle with the mouse, types
-a grow and (classic canvas) presses Run. Here we judge what it saw: the editor in the node with the clip's frames, the
+at the clip, caps and uncaps the loader's frames, scrubs the editor's timeline, draws a rectangle with the mouse, sets
+the node's grow and (classic canvas) presses Run. Here we judge what it saw: the editor in the node with the clip's frames, the
 drawing in the hidden mask_state widget and the grow in the node's widget, the API prompt and the run, all rasterised
 by Python exactly as the browser showed them. Once with the classic canvas, once with the Vue "Nodes 2.0" renderer.
 Needs COMFYUI_DIR, node, chromium and playwright-core (`npm ci`); skipped otherwise.
@@ -155,10 +155,9 @@ def _check_editor_and_drawing(result: dict, workflow: dict) -> str:
     assert rect["type"] == "rect" and rect["id"] != "obj"
     for got, want in zip((rect["x"], rect["y"], rect["w"], rect["h"]), (x0, y0, x1 - x0, y1 - y0)):
         assert abs(got - want) < 1.5, rect
-    # Out of range in the editor's boxes: clamped to the node widgets' own range (5000 -> 256, -40 -> 0).
-    assert result["clamped"] == {"grow": 256, "feather": 0, "growBox": "256", "featherBox": "0",
-                                 "growRange": [-256, 256], "featherRange": [0, 256], "stateGrow": 256}, result["clamped"]
-    assert state["grow"] == GROW and result["growWidget"] == GROW  # typed in the editor, copied to the node
+    # Grow / feather / invert are the node's widgets only; the preview (and the saved state's copy) follows them.
+    assert result["settingsInEditor"] == 0
+    assert result["growWidget"] == {"widget": GROW, "preview": GROW} and state["grow"] == GROW
     assert not drawn["stateShown"] and drawn["editorBottom"] <= drawn["nodeBottom"] + 1
 
     # Python's rasteriser agrees with the browser's, and with what the canvas shows.

@@ -1,6 +1,6 @@
 // Driven by tests/test_mask_draw_in_comfyui.py (not a node --test file): the H3 Mask Draw node (js/mask_draw.js) in the
 // real ComfyUI frontend. Loads a UI workflow, points its H3 Load Video at a clip, checks the editor, changes the
-// loader's frame cap and back, scrubs the timeline, draws a rectangle with the mouse, types a grow, reads the state
+// loader's frame cap and back, scrubs the timeline, draws a rectangle with the mouse, sets a grow, reads the state
 // back (widget, graphToPrompt, saved workflow) and optionally presses Run. Prints one JSON object on stdout; the pytest
 // side judges it.
 // usage: node tests/js/comfyui_mask_draw_check.mjs <chromium> '<config JSON>'
@@ -128,26 +128,22 @@ try {
   result.graphUnmoved = (await where()) === before;
   await scrubTo(config.frame);
 
-  // Values typed into the editor's own boxes beyond the node widgets' range are clamped to it (the box shows it).
-  const typeInto = async (role, value) => {
-    await page.locator(`input[data-role="${role}"]`).fill(String(value));
-    await page.locator(`input[data-role="${role}"]`).press("Tab");
-  };
-  await typeInto("grow", 5000);
-  await typeInto("feather", -40);
-  result.clamped = await page.evaluate(() => {
-    const node = window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw");
-    const w = (name) => node.widgets.find((x) => x.name === name);
-    const box = (role) => document.querySelector(`input[data-role="${role}"]`).value;
-    return { grow: w("grow").value, feather: w("feather").value, growBox: box("grow"), featherBox: box("feather"),
-      growRange: [w("grow").options.min, w("grow").options.max], featherRange: [w("feather").options.min, w("feather").options.max],
-      stateGrow: JSON.parse(w("mask_state").value).grow };
+  // Grow / feather / invert live in the node's widgets only (the editor has no copies of them); a grow set on the
+  // widget, as its field does, reaches the preview and the saved state.
+  result.settingsInEditor = await page.evaluate(() => {
+    const root = window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw").h3MaskEditor.root;
+    return root.querySelectorAll('[data-role="grow"], [data-role="feather"], [data-role="invert"]').length;
   });
-
-  // A grow typed into the editor's own field reaches the node's widget (what runs) and the preview.
-  await typeInto("grow", config.grow);
-  result.growWidget = await page.evaluate(() =>
-    window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw").widgets.find((w) => w.name === "grow").value);
+  await page.evaluate((grow) => {
+    const node = window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw");
+    const widget = node.widgets.find((w) => w.name === "grow");
+    widget.value = grow;
+    widget.callback?.(grow);
+  }, config.grow);
+  result.growWidget = await page.evaluate(() => {
+    const node = window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw");
+    return { widget: node.widgets.find((w) => w.name === "grow").value, preview: node.h3MaskEditor.state.grow };
+  });
   result.drawn = await page.evaluate(editorView);
 
   // What the browser's own rasteriser makes of the saved state (the preview's source of truth).

@@ -75,7 +75,7 @@ test("editing helpers and serialisation round-trip", () => {
   assert.equal(sum(renderFrame(back, 7, 64, 32)), 16);
 });
 
-test("grow / feather typed in the editor are clamped to the widget's range", () => {
+test("grow / feather from the node widgets are clamped to their range for the preview", () => {
   const grow = { min: -256, max: 256 };
   assert.equal(clampSetting(5000, grow), 256);
   assert.equal(clampSetting("-100000", grow), -256);
