@@ -312,3 +312,22 @@ def test_run_engine_hands_previews_to_comfyui_progress_bar(comfy_args, monkeypat
     value, total, (kind, image, size) = updates[1]
     assert (value, total, kind, size) == (2, 2, "JPEG", 384) and image.size == (6, 4)
     assert image.getpixel((0, 0)) == (9, 9, 9)
+
+
+def test_bench_dry_run():
+    """bench/preview_cost.py --tiny: every part of the H200 benchmark runs (tiny config and shape, CPU), so a GPU
+    run does not fail on a slip in the script."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(repo, "bench", "preview_cost.py"), "--tiny", "--iters", "1",
+                           "--preview-iters", "2"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert result["bench"] == "preview_cost" and result["sheet_shape"] == [8, 12, 3]
+    assert result["step_ms_off"] > 0 and result["step_ms_on"] > 0 and result["preview_ms"] > 0
+    assert result["fit_vae"] == "tiny" and result["fit_s"] > 0
