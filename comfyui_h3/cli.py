@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal", "h3_object_replacement",
-                  "h3_inpainting", "h3_extension", "h3_generate_then_extend", "seedvr2_upscale_video",
-                  "h3_generate_then_upscale", "h3_extend_then_upscale")
+                  "h3_object_removal_clicks", "h3_object_removal_text", "h3_object_replacement_clicks",
+                  "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
+                  "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale")
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
 

@@ -114,11 +114,11 @@ def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     out = cli("demo", "--steps", 2, "--out-dir", tmp_path / "demo", cwd=tmp_path, cache=tiny_h3_dir.parent)
     assert out.returncode == 0, out.stderr
     paths = [p for p in out.stdout.split() if p.endswith(".mp4")]
-    # t2va, first/last frame, removal, replacement, inpainting (5 s each); extension (5 s source + 20 s, two
-    # windows) and generate-then-extend (5 s + 10 s, one window); SeedVR2 x2: the 130-frame sample, a 5-s clip,
-    # and the sample extended by 5 s (8 chunks of 17 frames)
-    assert len(paths) == 10
-    frames = [124] * 5 + [124 + 493, 124 + 255] + [130, 124, 124 + 136]
+    # t2va, first/last frame, removal, replacement, the four Track Mask removals / replacements, inpainting (5 s
+    # each); extension (5 s source + 20 s, two windows) and generate-then-extend (5 s + 10 s, one window); SeedVR2
+    # x2: the 130-frame sample, a 5-s clip, and the sample extended by 5 s (8 chunks of 17 frames)
+    assert len(paths) == 14
+    frames = [124] * 9 + [124 + 493, 124 + 255] + [130, 124, 124 + 136]
     for path, count in zip(paths, frames):
         assert streams(path) == (count, 24.0, 32000, 2), path
 

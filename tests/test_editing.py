@@ -224,8 +224,8 @@ def test_mask_draw_to_edit_shapes_the_mask_once(pipeline, source):
 
 
 def test_shipped_edit_workflows_let_the_preset_shape_the_mask():
-    """Every shipped H3 Mask Draw -> H3 Edit leaves Mask Draw's grow / feather at 0 and H3 Edit's at the preset's
-    (-1): the mask is shaped once, by the preset the workflow names."""
+    """Every shipped H3 Mask Draw / H3 Track Mask -> H3 Edit leaves the mask node's grow / feather at 0 and H3 Edit's
+    at the preset's (-1): the mask is shaped once, by the preset the workflow names."""
     from comfyui_h3.cli import workflows_dir
 
     edits = 0
@@ -236,10 +236,10 @@ def test_shipped_edit_workflows_let_the_preset_shape_the_mask():
                 continue
             edits += 1
             source = api[node["inputs"]["mask"][0]]
-            assert source["class_type"] == "H3_MaskDraw", path.name
+            assert source["class_type"] in ("H3_MaskDraw", "H3_TrackMask"), path.name
             assert (source["inputs"]["grow"], source["inputs"]["feather"]) == (0, 0), path.name
             assert (node["inputs"]["mask_grow"], node["inputs"]["mask_feather"]) == (-1, -1), path.name
-    assert edits == 3
+    assert edits == 7  # removal, replacement, inpainting, and the four Track Mask removals / replacements
 
 
 def test_fractional_mask_blends_monotonically(pipeline, source):

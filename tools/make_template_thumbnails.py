@@ -37,6 +37,10 @@ CARDS = {
     "h3_generate_then_upscale": ("Generate, then upscale", "A new clip with its sound, upscaled by SeedVR2."),
     "h3_extend_then_upscale": ("Extend, then upscale", "A clip continued, then upscaled by SeedVR2."),
     "h3_fasth3_text_to_video": ("FastH3: text to video", "The 4-step student: a clip and its sound, fast."),
+    "h3_object_removal_clicks": ("Removal: click to track", "Click the object once; SAM2 masks every frame."),
+    "h3_object_removal_text": ("Removal: name to track", "Name the object; SAM3 masks it on every frame."),
+    "h3_object_replacement_clicks": ("Replace: box to track", "Box the object once; SAM2 follows it, H3 swaps it."),
+    "h3_object_replacement_text": ("Replace: name to track", "Name the object; SAM3 masks it, H3 swaps it."),
 }
 
 
@@ -144,10 +148,52 @@ def scene(t: float) -> np.ndarray:
     return sky.clip(0, 255).astype(np.uint8)
 
 
+def track_prompts(name: str) -> tuple[dict, str]:
+    """The workflow's H3 Track Mask prompts (decoded) and text."""
+    with open(os.path.join(TEMPLATES, f"{name}.json")) as handle:
+        node = next(n for n in json.load(handle)["nodes"] if n["type"] == "H3_TrackMask")
+    values = node["widgets_values"]
+    return (json.loads(values[1]) if values[1] else {"objects": []}), values[2]
+
+
+def tracked(name: str, card: Image.Image, frames: np.ndarray) -> None:
+    """A Track Mask workflow: its clicks / box (or its text) on the frame they are placed on, the object masked on
+    that frame (the sample's red square: what a real SAM model finds), and the edit."""
+    objects, text = track_prompts(name)
+    marks = [(p["frame"], p) for o in objects["objects"] for p in o.get("points", []) + o.get("boxes", [])]
+    at = marks[0][0] if marks else len(frames) // 2
+    frame = frames[at]
+    inside = np.abs(frame.astype(np.int32) - frame[2, 2]).sum(axis=-1) > 24  # all but the grey floor
+    mask = (inside | np.roll(inside, 1, 0) | np.roll(inside, -1, 0) | np.roll(inside, 1, 1)
+            | np.roll(inside, -1, 1)).astype(np.float32)
+    after = floor(frame, mask)
+    if "replacement" in name:
+        y, x = np.mgrid[0:frame.shape[0], 0:frame.shape[1]]
+        cy, cx = np.argwhere(mask > 0.5).mean(axis=0)
+        after[((x - cx) ** 2 + (y - cy) ** 2) < 15 ** 2] = (60, 120, 255)
+    before = tint(frame, mask)
+    before_after(card, before, after, ("source + tracked mask", "edited"))
+    draw = ImageDraw.Draw(card)
+    scale = 154 / frame.shape[1]
+    top = (PICTURE_H - round(frame.shape[0] * scale)) // 2
+    for _, mark in marks:
+        if "x0" in mark:
+            draw.rectangle([14 + mark["x0"] * scale, top + mark["y0"] * scale, 14 + mark["x1"] * scale,
+                            top + mark["y1"] * scale], outline=ACCENT, width=2)
+        else:
+            cx, cy = 14 + mark["x"] * scale, top + mark["y"] * scale
+            color = (80, 230, 120) if mark.get("positive", True) else (255, 80, 80)
+            draw.ellipse([cx - 4, cy - 4, cx + 4, cy + 4], fill=color, outline=INK)
+    if text:
+        draw.text((14, top - 22), f"\u201c{text}\u201d", font=font(14), fill=ACCENT)
+
+
 def picture(name: str, card: Image.Image) -> None:
     frames = source_frames()
     middle = len(frames) // 2
-    if name in ("h3_object_removal", "h3_object_replacement", "h3_inpainting"):
+    if name.endswith(("_clicks", "_text")):
+        tracked(name, card, frames)
+    elif name in ("h3_object_removal", "h3_object_replacement", "h3_inpainting"):
         mask = workflow_mask(name, len(frames), frames.shape[1], frames.shape[2])[middle]
         frame = frames[middle]
         if name == "h3_object_removal":

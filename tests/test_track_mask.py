@@ -1,0 +1,437 @@
+"""H3 Track Mask on the tiny random SAM2 / SAM3 folders the package builds (they segment nothing meaningful: these
+tests check what reaches transformers' processors and models, which frames are tracked in which direction, and what
+the node returns), plus the prompts parser, model discovery / loading errors, the model cache and device choice."""
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from comfyui_h3 import comfy_services as services
+from comfyui_h3.backend.errors import RequestError
+from comfyui_h3.backend.media.mask_raster import combine_masks, fit_mask, grow_feather_invert
+from comfyui_h3.backend.media.track_prompts import check_against_video, parse_prompts
+from comfyui_h3.backend.tracking import sam_models, sam_tracker
+from comfyui_h3.backend.tracking.sam_models import (TrackModelError, cached_track_models, clear_track_models,
+                                                    load_track_model, model_kind, pick_device)
+from comfyui_h3.backend.tracking.sam_tracker import FRAME_CHUNK, track_masks
+from comfyui_h3.backend.tracking.tiny import SAM2_SIZE, SAM3_SIZE, make_tiny_sam2, make_tiny_sam3
+from comfyui_h3.nodes.mask_draw import H3MaskDraw
+from comfyui_h3.nodes.track_mask import TINY_SAM2_NAME, TINY_SAM3_NAME, H3TrackMask
+from comfyui_h3.types import mask_shaping
+from comfyui_h3.video_types import H3Video
+
+T, H, W = 8, 40, 64  # frames of the test clip (not square: x and y scale differently into the model's square)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{"sam2": folder, "sam3": folder} in a cache folder laid out as the node's built-in names expect."""
+    cache = tmp_path_factory.mktemp("track_cache")
+    return {"sam2": make_tiny_sam2(cache / "tiny-sam2"), "sam3": make_tiny_sam3(cache / "tiny-sam3"), "cache": cache}
+
+
+@pytest.fixture
+def node_env(tiny, monkeypatch):
+    monkeypatch.setenv("COMFYUI_H3_CACHE", str(tiny["cache"]))
+    monkeypatch.delenv("COMFYUI_H3_COMFY", raising=False)
+    services.clear_interrupt()
+    return H3TrackMask()
+
+
+def frames(count=T, height=H, width=W, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (count, height, width, 3), generator=g).to(torch.uint8)
+
+
+def prompts(*objects):
+    return json.dumps({"version": 1, "objects": list(objects)})
+
+
+def click(frame, x, y, positive=True):
+    return {"frame": frame, "x": x, "y": y, "positive": positive}
+
+
+def close(got, want):
+    return torch.allclose(torch.tensor(got, dtype=torch.float64), torch.tensor(want, dtype=torch.float64), atol=1e-4)
+
+
+def model(tiny, kind):
+    return load_track_model(tiny[kind], "cpu")
+
+
+def click_classes(kind):
+    import transformers
+
+    if kind == "sam2":
+        return transformers.Sam2VideoProcessor, transformers.Sam2VideoModel, SAM2_SIZE
+    return transformers.Sam3TrackerVideoProcessor, transformers.Sam3TrackerVideoModel, SAM3_SIZE
+
+
+class Spy:
+    """Records what reaches the processor (each add_inputs call and the session's stored inputs after it) and every
+    model call (frame index, reverse flag)."""
+
+    def __init__(self, monkeypatch, processor_cls, model_cls):
+        self.added, self.calls = [], []
+        original = processor_cls.add_inputs_to_inference_session
+        spy = self
+
+        def add_inputs(processor, inference_session, frame_idx, obj_ids, **kwargs):
+            result = original(processor, inference_session, frame_idx, obj_ids, **kwargs)
+            oid = obj_ids if isinstance(obj_ids, int) else obj_ids[0]
+            stored = inference_session.point_inputs_per_obj[inference_session.obj_id_to_idx(oid)][frame_idx]
+            spy.added.append({"frame": frame_idx, "obj": oid, "size": (inference_session.video_height,
+                                                                        inference_session.video_width),
+                              "coords": stored["point_coords"][0, 0].tolist(),
+                              "labels": stored["point_labels"][0, 0].tolist()})
+            return result
+
+        original_forward = model_cls.forward
+
+        def forward(model_self, inference_session, frame_idx=None, frame=None, reverse=False, **kwargs):
+            spy.calls.append((frame_idx, bool(reverse)))
+            return original_forward(model_self, inference_session, frame_idx=frame_idx, frame=frame, reverse=reverse,
+                                    **kwargs)
+
+        monkeypatch.setattr(processor_cls, "add_inputs_to_inference_session", add_inputs)
+        monkeypatch.setattr(model_cls, "forward", forward)
+
+
+# -- what reaches the model -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["sam2", "sam3"])
+def test_a_click_reaches_the_model_at_its_frame_in_the_models_coordinates(tiny, kind, monkeypatch):
+    processor_cls, model_cls, size = click_classes(kind)
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    track_masks(model(tiny, kind), frames(), prompts({"id": 7, "points": [click(3, 40.0, 10.0),
+                                                                           click(3, 8.0, 30.0, False)]}))
+    assert len(spy.added) == 1
+    added = spy.added[0]
+    assert (added["frame"], added["obj"]) == (3, 7) and tuple(int(v) for v in added["size"]) == (H, W)
+    # source pixels (x right, y down) scaled to the model's square input: x * size / W, y * size / H
+    want = [[40.0 * size / W, 10.0 * size / H], [8.0 * size / W, 30.0 * size / H]]
+    assert close(added["coords"], want)
+    assert added["labels"] == [1, 0]  # a negative click is label 0
+    assert spy.calls[0] == (3, False)  # the model runs on the prompted frame first (a conditioning frame)
+
+
+@pytest.mark.parametrize("kind", ["sam2", "sam3"])
+def test_a_box_reaches_the_model_as_its_two_corners_before_the_clicks(tiny, kind, monkeypatch):
+    processor_cls, model_cls, size = click_classes(kind)
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    box = {"frame": 1, "x0": 8, "y0": 4, "x1": 48, "y1": 36}
+    track_masks(model(tiny, kind), frames(), prompts({"id": 1, "boxes": [box], "points": [click(1, 20, 20, False)]}))
+    (added,) = spy.added
+    sx, sy = size / W, size / H
+    assert close(added["coords"], [[8 * sx, 4 * sy], [48 * sx, 36 * sy], [20 * sx, 20 * sy]])
+    assert added["labels"] == [2, 3, 0]  # SAM's box-corner labels, then the negative click
+
+
+def test_a_box_past_the_frame_edge_is_cut_to_it(tiny, monkeypatch):
+    processor_cls, model_cls, size = click_classes("sam2")
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    track_masks(model(tiny, "sam2"), frames(), prompts({"id": 1, "boxes": [
+        {"frame": 0, "x0": -10, "y0": 5, "x1": W + 30, "y1": H + 1}]}))
+    assert close(spy.added[0]["coords"], [[0, 5 * size / H], [size, size]])
+
+
+def test_several_objects_each_get_their_own_inputs_and_the_mask_is_their_union(tiny, monkeypatch):
+    sam2 = model(tiny, "sam2")
+    a = {"id": 1, "points": [click(2, 12, 10)]}
+    b = {"id": 2, "points": [click(2, 50, 30), click(2, 40, 5, False)]}
+    alone_a, alone_b = track_masks(sam2, frames(), prompts(a)), track_masks(sam2, frames(), prompts(b))
+    processor_cls, model_cls, _ = click_classes("sam2")
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    both = track_masks(sam2, frames(), prompts(a, b))
+    assert [(x["obj"], x["labels"]) for x in spy.added] == [(1, [1]), (2, [1, 0])]
+    assert not torch.equal(alone_a, alone_b)  # two different objects (else the union proves nothing)
+    union = torch.maximum(alone_a, alone_b)
+    # each object is tracked on its own; only their memories are encoded in one batch (float noise at most)
+    assert (both != union).float().mean() < 0.005
+
+
+def test_forward_and_backward_propagation_cover_every_frame_from_a_middle_prompt(tiny, monkeypatch):
+    processor_cls, model_cls, _ = click_classes("sam2")
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    count, middle = 9, 4
+    seen = []
+    real = sam_tracker._track_clicks
+
+    def record(model_, processor, track_model, frames_, prompts_, union, check, meter):
+        real(model_, processor, track_model, frames_, prompts_, union, check, meter)
+        seen.append(meter.done == meter.total)
+
+    monkeypatch.setattr(sam_tracker, "_track_clicks", record)
+    track_masks(model(tiny, "sam2"), frames(count), prompts({"id": 1, "points": [click(middle, 30, 20)]}))
+    prompt, rest = spy.calls[0], spy.calls[1:]
+    assert prompt == (middle, False)
+    forward = [f for f, reverse in rest if not reverse]
+    backward = [f for f, reverse in rest if reverse]
+    assert forward == list(range(middle, count)) and backward == list(range(middle, -1, -1))
+    assert sorted(set(forward) | set(backward)) == list(range(count))
+    assert seen == [True]  # the progress total counted exactly these model calls (and the frames' preparation)
+
+
+def test_objects_first_prompted_on_different_frames_are_tracked_away_from_their_own_prompts(tiny, monkeypatch):
+    processor_cls, model_cls, _ = click_classes("sam2")
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    a = {"id": 1, "points": [click(2, 12, 10), click(6, 14, 12)]}  # a correction later on
+    b = {"id": 2, "boxes": [{"frame": 5, "x0": 30, "y0": 10, "x1": 60, "y1": 38}]}
+    track_masks(model(tiny, "sam2"), frames(), prompts(a, b))
+    assert [(x["frame"], x["obj"]) for x in spy.added] == [(2, 1), (5, 2), (6, 1)]
+    rest = spy.calls[3:]
+    # forward from the earliest prompt (object 1's), backward from object 2's first prompt down to frame 0
+    assert [f for f, r in rest if not r] == list(range(2, T))
+    assert [f for f, r in rest if r] == list(range(5, -1, -1))
+
+
+def test_sam3_text_prompts_reach_the_session_and_mask_every_frame(tiny, monkeypatch):
+    import transformers
+
+    added = []
+    original = transformers.Sam3VideoProcessor.add_text_prompt
+
+    def add_text_prompt(processor, inference_session, text):
+        added.append(list(text))
+        return original(processor, inference_session, text)
+
+    monkeypatch.setattr(transformers.Sam3VideoProcessor, "add_text_prompt", add_text_prompt)
+    masks = track_masks(model(tiny, "sam3"), frames(), "", text=" the red car ;\n a dog ")
+    assert added == [["the red car", "a dog"]]
+    assert masks.shape == (T, H, W) and masks.dtype == torch.float32
+    # the tiny SAM3's detection thresholds are 0, so its random detector reports (meaningless) objects
+    assert masks.amax(dim=(1, 2)).tolist() == [1.0] * T
+
+
+def test_frames_enter_the_session_in_chunks_exactly_as_the_processor_prepares_a_whole_video(tiny):
+    sam2 = model(tiny, "sam2")
+    clip = frames(FRAME_CHUNK + 3, 30, 50)
+    ours = sam_tracker._open_session(sam2.processor, sam2, clip, None, sam_tracker._Progress(10 ** 6, None))
+    whole = sam2.processor.init_video_session(video=clip, inference_device="cpu")
+    assert ours.num_frames == whole.num_frames == FRAME_CHUNK + 3
+    for index in range(ours.num_frames):
+        assert torch.allclose(ours.get_frame(index), whole.get_frame(index), atol=1e-5), index
+
+
+# -- the node ---------------------------------------------------------------------------------------------------------
+
+def test_node_output_shape_dtype_and_range(node_env):
+    video = H3Video(frames(), 24)
+    pr = prompts({"id": 1, "points": [click(3, 30, 20)]})
+    (hard,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
+    assert hard.shape == (T, H, W) and hard.dtype == torch.float32 and hard.device.type == "cpu"
+    assert set(hard.unique().tolist()) <= {0.0, 1.0}
+    (soft,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 5, True)
+    assert soft.shape == (T, H, W) and soft.dtype == torch.float32
+    assert float(soft.min()) >= 0.0 and float(soft.max()) <= 1.0
+    (both,) = node_env.track(video, TINY_SAM3_NAME, pr, "the car", 0, 0, False)  # clicks and text on SAM3
+    assert both.shape == (T, H, W)
+
+
+@pytest.mark.parametrize("mode", ["union", "intersect", "subtract"])
+def test_combine_grow_feather_invert_are_mask_draws(node_env, mode):
+    video = H3Video(frames(), 24)
+    pr = prompts({"id": 1, "points": [click(2, 20, 20)]}, {"id": 2, "points": [click(5, 50, 10)]})
+    (tracked,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
+    drawn = torch.zeros(3, 20, 32)  # another node's mask: fewer frames, half size (fitted as Mask Draw fits it)
+    drawn[:, 4:14, 6:20] = 1
+    (out,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 3, 4, True, mask=drawn, combine=mode)
+    want = grow_feather_invert(combine_masks(tracked, fit_mask(drawn, T, H, W), mode), 3, 4, True)
+    assert torch.equal(out, want)
+    assert mask_shaping(out) == (3, 4)  # so H3 Edit adds no preset grow / feather, as after Mask Draw
+    ours, theirs = H3TrackMask.INPUT_TYPES()["required"], H3MaskDraw.INPUT_TYPES()["required"]
+    assert all(ours[name] == theirs[name] for name in ("grow", "feather", "invert"))
+
+
+def test_stop_mid_propagation_raises_comfyuis_interrupt_and_keeps_the_model_usable(node_env, monkeypatch):
+    import transformers
+
+    mm = types.ModuleType("comfy.model_management")
+
+    class InterruptProcessingException(Exception):
+        pass
+
+    mm.InterruptProcessingException = InterruptProcessingException
+    mm.interrupt_processing = False
+    mm.get_torch_device = lambda: torch.device("cpu")
+
+    def throw_exception_if_processing_interrupted():
+        if mm.interrupt_processing:
+            mm.interrupt_processing = False
+            raise InterruptProcessingException()
+
+    mm.throw_exception_if_processing_interrupted = throw_exception_if_processing_interrupted
+    mm.processing_interrupted = lambda: mm.interrupt_processing
+    monkeypatch.setitem(sys.modules, "comfy.model_management", mm)
+
+    video, pr = H3Video(frames(), 24), prompts({"id": 1, "points": [click(4, 30, 20)]})
+    (clean,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
+    loaded = cached_track_models()
+    calls = []
+    original = transformers.Sam2VideoModel.forward
+
+    def forward(model_self, inference_session, frame_idx=None, reverse=False, **kwargs):
+        calls.append(frame_idx)
+        if len(calls) == 3:  # the user presses Stop during the forward pass
+            mm.interrupt_processing = True
+        return original(model_self, inference_session, frame_idx=frame_idx, reverse=reverse, **kwargs)
+
+    monkeypatch.setattr(transformers.Sam2VideoModel, "forward", forward)
+    with pytest.raises(InterruptProcessingException):
+        node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
+    assert len(calls) == 3  # stopped at the next frame, not at the end of the clip
+    monkeypatch.setattr(transformers.Sam2VideoModel, "forward", original)
+    sam2 = next(m for m in cached_track_models() if m.kind == "sam2")
+    assert not sam2.model._forward_pre_hooks and not sam2.model._forward_hooks  # nothing of the run left on it
+    (again,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
+    assert torch.equal(again, clean) and cached_track_models() == loaded  # same model object, same result
+
+
+def test_a_text_prompt_on_sam2_and_nothing_to_track_are_clear_errors(node_env):
+    video = H3Video(frames(), 24)
+    with pytest.raises(ValueError, match="a text prompt needs a SAM3 model, and tiny-sam2 is a SAM2 model"):
+        node_env.track(video, TINY_SAM2_NAME, prompts({"id": 1, "points": [click(0, 1, 1)]}), "the car")
+    with pytest.raises(ValueError, match="nothing to track: place clicks or a box"):
+        node_env.track(video, TINY_SAM2_NAME, "", "  ")
+    with pytest.raises(ValueError, match="past the video's last frame \\(7\\)"):
+        node_env.track(video, TINY_SAM3_NAME, prompts({"id": 1, "points": [click(8, 1, 1)]}), "")
+    assert H3TrackMask.VALIDATE_INPUTS('{"version": 1, "objects": [{"id": 1}]}') == (
+        "H3 Track Mask: prompts: object 1 has no clicks and no box; give it one or remove it.")
+    assert H3TrackMask.VALIDATE_INPUTS(prompts({"id": 1, "points": [click(0, 1, 1)]})) is True
+
+
+def test_missing_or_foreign_model_folders_are_clear_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMFYUI_H3_MODELS", raising=False)
+    with pytest.raises(services.TrackModelNotFound, match="models/sam2/.*models/sam3/"):
+        services.resolve_track_model("sam2.1-hiera-large", roots=[str(tmp_path)])
+    with pytest.raises(TrackModelError, match="SAM model folder not found"):
+        load_track_model(tmp_path / "nowhere", "cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TrackModelError, match="has no config.json"):
+        model_kind(str(tmp_path / "empty"))
+    for model_type, message in (("llama", "not a SAM2 / SAM3 video model folder"),
+                                ("sam3", "SAM3 image model"), ("sam3_tracker_video", "without its detector")):
+        folder = tmp_path / model_type
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+        with pytest.raises(TrackModelError, match=message):
+            load_track_model(folder, "cpu")
+
+
+def test_an_old_transformers_is_a_clear_error(monkeypatch):
+    old = types.ModuleType("transformers")
+    old.__version__ = "4.50.0"
+    old.Sam2VideoModel = old.Sam2VideoProcessor = object  # SAM2 video but no SAM3
+    monkeypatch.setitem(sys.modules, "transformers", old)
+    sam_models.check_transformers("sam2")
+    with pytest.raises(TrackModelError, match="needs a transformers with Sam3VideoModel .* transformers 4.50.0"):
+        sam_models.check_transformers("sam3")
+
+
+def test_discovery_lists_sam_folders_in_models_sam2_and_sam3(tmp_path, monkeypatch):
+    base = tmp_path / "ComfyUI"
+    fp = types.ModuleType("folder_paths")
+    fp.models_dir = str(base / "models")
+    fp.folder_names_and_paths = {"sam2": ([str(base / "models" / "sam2")], {".safetensors"})}  # another pack's
+
+    def add_model_folder_path(folder_name, full_folder_path, is_default=False):
+        paths = fp.folder_names_and_paths.setdefault(folder_name, ([], set()))[0]
+        if full_folder_path not in paths:
+            paths.append(full_folder_path)
+
+    fp.add_model_folder_path = add_model_folder_path
+    fp.get_folder_paths = lambda name: fp.folder_names_and_paths[name][0][:]
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    monkeypatch.delenv("COMFYUI_H3_MODELS", raising=False)
+    monkeypatch.delenv("COMFYUI_H3_COMFY", raising=False)
+
+    def folder(path, model_type):
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+
+    folder(base / "models" / "sam2" / "facebook" / "sam2.1-hiera-large", "sam2_video")
+    folder(base / "models" / "sam3" / "sam3", "sam3_video")
+    folder(base / "models" / "sam3" / "not-sam", "llama")
+    (base / "models" / "sam2" / "sam2.1_hiera_large.safetensors").write_bytes(b"")  # another pack's single file
+    assert services.track_model_dirs() == ["facebook/sam2.1-hiera-large", "sam3"]
+    assert H3TrackMask.INPUT_TYPES()["required"]["model"][0][2:] == ["facebook/sam2.1-hiera-large", "sam3"]
+    assert services.resolve_track_model("sam3") == str(base / "models" / "sam3" / "sam3")
+    with pytest.raises(services.UnsafePathError):
+        services.resolve_track_model("../sam3/sam3")
+    with pytest.raises(services.UnsafePathError):
+        services.resolve_track_model(str(tmp_path))
+
+
+# -- prompts ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "prompts is not valid JSON"),
+    ("[1]", "must be a JSON object"),
+    ('{"version": 2, "objects": []}', "version 2 is not supported"),
+    (prompts({"id": 0, "points": [click(0, 1, 1)]}), "needs a positive integer id, got 0"),
+    (prompts({"id": True, "points": [click(0, 1, 1)]}), "needs a positive integer id, got True"),
+    (prompts({"id": 3, "points": [click(0, 1, 1)]}, {"id": 3, "points": [click(1, 1, 1)]}),
+     "object id 3 appears twice"),
+    (prompts({"id": 1, "points": [click(-1, 1, 1)]}), "needs a frame index \\(an integer >= 0\\), got -1"),
+    (prompts({"id": 1, "points": [click(1.5, 1, 1)]}), "got 1.5"),
+    (prompts({"id": 1, "points": [{"frame": 0, "x": "a", "y": 1}]}), "finite number for 'x'"),
+    (prompts({"id": 1, "points": [{"frame": 0, "x": 1, "y": 1, "positive": "yes"}]}), "'positive' true or false"),
+    (prompts({"id": 1, "boxes": [{"frame": 0, "x0": 5, "y0": 1, "x1": 5, "y1": 9}]}),
+     "object 1's box on frame 0 has x1 \\(5\\) <= x0 \\(5\\)"),
+    (prompts({"id": 1, "boxes": [{"frame": 0, "x0": 1, "y0": 9, "x1": 5, "y1": 2}]}), "y1 \\(2\\) <= y0 \\(9\\)"),
+    (prompts({"id": 1, "boxes": [{"frame": 2, "x0": 0, "y0": 0, "x1": 5, "y1": 5},
+                                 {"frame": 2, "x0": 1, "y0": 1, "x1": 6, "y1": 6}]}), "two boxes on frame 2"),
+    (prompts({"id": 1}), "object 1 has no clicks and no box"),
+])
+def test_bad_prompts_are_one_line_request_errors(text, message):
+    with pytest.raises(RequestError, match=message) as info:
+        parse_prompts(text)
+    assert "\n" not in str(info.value)
+
+
+def test_prompts_against_the_video():
+    ok = parse_prompts(prompts({"id": 2, "points": [click(7, 64, 0)], "extra": "kept by the editor"}))
+    assert check_against_video(ok, 8, 64, 40).objects[0].clicks[0].frame == 7
+    assert parse_prompts("").empty and parse_prompts('{"version": 1, "objects": []}').empty
+    with pytest.raises(RequestError, match="object 2's click is on frame 7, past the video's last frame \\(6\\)"):
+        check_against_video(ok, 7, 64, 40)
+    with pytest.raises(RequestError, match="click \\(64.5, 0\\) on frame 7 is outside the 64x40 frame"):
+        check_against_video(parse_prompts(prompts({"id": 2, "points": [click(7, 64.5, 0)]})), 8, 64, 40)
+    with pytest.raises(RequestError, match="lies outside the 64x40 frame"):
+        check_against_video(parse_prompts(prompts({"id": 1, "boxes": [
+            {"frame": 0, "x0": 70, "y0": 1, "x1": 90, "y1": 9}]})), 8, 64, 40)
+
+
+# -- models: cache and device -----------------------------------------------------------------------------------------
+
+def test_models_load_once_per_folder_device_and_dtype(tiny):
+    clear_track_models()
+    first = load_track_model(tiny["sam2"], "cpu")
+    assert load_track_model(tiny["sam2"], "cpu") is first
+    assert load_track_model(tiny["sam2"], "cpu", torch.float64) is not first  # another dtype: another load
+    assert first.model.dtype == torch.float32 and first.reads_text is False
+    sam3 = load_track_model(tiny["sam3"], "cpu")
+    assert sam3.reads_text and sam3.click_model() is sam3.click_model()  # SAM3's tracker: loaded once, kept
+    assert len(cached_track_models()) == sam_models.MAX_CACHED  # the least recently used left
+    clear_track_models()
+    assert cached_track_models() == [] and load_track_model(tiny["sam2"], "cpu") is not first
+
+
+def test_device_is_a_gpu_comfyui_does_not_use():
+    free = {0: 50, 1: 10, 2: 30}.__getitem__
+    assert pick_device("cuda:0", 3, free) == torch.device("cuda", 2)  # the other GPU with the most free memory
+    assert pick_device(torch.device("cuda", 2), 3, free) == torch.device("cuda", 0)
+    assert pick_device("cuda:0", 1, free) == torch.device("cuda", 0)  # the only GPU: ComfyUI's
+    assert pick_device("cpu", 3, free) == torch.device("cpu")  # ComfyUI runs --cpu: so does tracking
+    assert pick_device(None, 3, free) == torch.device("cuda", 0)  # headless: the GPU with the most free memory
+    assert pick_device(None, 0, free) == torch.device("cpu")
+
+    def broken(index):
+        if index == 2:
+            raise RuntimeError("no info")
+        return 5
+
+    assert pick_device("cuda:0", 3, broken) == torch.device("cuda", 1)
