@@ -66,13 +66,13 @@ export class MaskEditor {
     }
     this.sizeInput = el("input", { type: "range", min: "1", max: "256", value: String(this.size), title: "Brush size (video pixels)", "data-role": "size",
       oninput: (e) => { this.size = Number(e.target.value); } });
-    bar.append(el("span", {}, ["size"]), this.sizeInput);
+    bar.append(el("span", { style: "display:inline-flex;align-items:center;gap:2px" }, ["size", this.sizeInput]));  // kept on one line
     bar.append(el("button", { "data-action": "clear", title: "Remove every shape of this frame's keyframe", onclick: () => this.commit(clearKeyframe(this.state, this.frame)) }, ["clear"]));
     bar.append(el("button", { "data-action": "key-add", title: "Add a keyframe here (copies the shapes as they are on this frame)", onclick: () => this.commit(ensureKeyframe(this.state, this.frame)) }, ["key +"]));
     bar.append(el("button", { "data-action": "key-remove", title: "Remove this frame's keyframe", onclick: () => this.commit(removeKeyframe(this.state, this.frame)) }, ["key −"]));
     if (this.options.onOpen) {
       bar.append(el("button", { "data-action": "open-editor", title: "Open the full-size editor (zoom, play, onion skin, undo)", style: "margin-left:auto",
-        onclick: () => this.options.onOpen() }, ["⛶ open editor"]));
+        onclick: () => this.options.onOpen() }, ["open editor"]));
     }
     this.canvas = el("canvas", { class: "h3-mask-canvas", style: "width:100%;display:block;background:#111;cursor:crosshair;touch-action:none" });
     this.scrubber = el("input", { type: "range", min: "0", max: "0", value: "0", style: "width:100%", title: "Frame", "data-role": "scrubber",

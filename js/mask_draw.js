@@ -7,10 +7,13 @@ import { api } from "../../scripts/api.js";
 import { MaskEditor } from "./mask_canvas.js";
 import { VideoEditorDialog } from "./mask_dialog.js";
 import { serializeState } from "./mask_logic.js";
-import { frameUrl, hideWidget, upstreamLoader, widget } from "./video_source.js";
+import { frameUrl, hideWidget, holdGraphUndoWhileEditing, upstreamLoader, widget } from "./video_source.js";
 
 app.registerExtension({
   name: "comfyui_h3.MaskDraw",
+  setup() {
+    holdGraphUndoWhileEditing(app);
+  },
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (nodeData?.name !== "H3_MaskDraw") return;
     const onNodeCreated = nodeType.prototype.onNodeCreated;

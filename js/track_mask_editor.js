@@ -7,7 +7,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { parsePrompts, promptSummary } from "./editor_logic.js";
 import { VideoEditorDialog } from "./mask_dialog.js";
-import { fetchVideoInfo, frameUrl, hideWidget, upstreamLoader, widget } from "./video_source.js";
+import { fetchVideoInfo, frameUrl, hideWidget, holdGraphUndoWhileEditing, upstreamLoader, widget } from "./video_source.js";
 
 const TRACK_CLASSES = new Set(["H3TrackMask", "H3_TrackMask"]);
 
@@ -28,9 +28,9 @@ function attach(node) {
   root.addEventListener("pointerdown", (e) => e.stopPropagation());  // the Vue renderer drags nodes from any pointerdown
   const summary = document.createElement("span");
   summary.setAttribute("data-role", "prompt-summary");
-  summary.style.cssText = "flex:1;overflow:hidden;text-overflow:ellipsis;white-space:nowrap";
+  summary.style.cssText = "flex:1;overflow:hidden;max-height:2.6em;line-height:1.3em";  // up to two lines
   const open = document.createElement("button");
-  open.textContent = "⛶ open editor";
+  open.textContent = "open editor";
   open.title = "Place clicks and boxes on the video's frames (full-size editor)";
   open.setAttribute("data-action", "open-editor");
   open.style.cssText = "flex:none";
@@ -60,7 +60,7 @@ function attach(node) {
   };
   node.h3OpenVideoEditor = openDialog;
   open.addEventListener("click", openDialog);
-  node.addDOMWidget("prompt_editor", "h3_prompt_editor", root, { serialize: false, hideOnZoom: false, getMinHeight: () => 28 });
+  node.addDOMWidget("prompt_editor", "h3_prompt_editor", root, { serialize: false, hideOnZoom: false, getMinHeight: () => 40 });
   showSummary();
 
   const onConfigure = node.onConfigure;
@@ -84,6 +84,9 @@ function attach(node) {
 
 app.registerExtension({
   name: "comfyui_h3.TrackMaskEditor",
+  setup() {
+    holdGraphUndoWhileEditing(app);
+  },
   nodeCreated(node) {
     if (TRACK_CLASSES.has(node.comfyClass) || TRACK_CLASSES.has(node.type)) attach(node);
   },

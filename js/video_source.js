@@ -51,3 +51,16 @@ export async function fetchVideoInfo(api, source) {
 export function frameUrl(api, source, n, maxSize) {
   return source ? api.apiURL(`/h3/video_frame?${source}&frame=${n}&max_size=${maxSize}`) : null;
 }
+
+// ComfyUI's change tracker undoes the graph on Ctrl+Z from a window capture listener registered before any of ours (so
+// the dialog cannot stop it); it stands aside while `ComfyApp.maskeditor_is_opended()` answers true, the hook its own
+// mask editor uses. Answer true there while one of our dialogs is open, so Ctrl+Z / Ctrl+Y undo the drawing only.
+export function holdGraphUndoWhileEditing(app) {
+  const ComfyApp = app?.constructor;
+  if (!ComfyApp || ComfyApp.h3HoldsGraphUndo) return;
+  const previous = ComfyApp.maskeditor_is_opended;
+  ComfyApp.maskeditor_is_opended = function () {
+    return Boolean(document.querySelector(".h3-ve-overlay")) || Boolean(previous?.apply(this, arguments));
+  };
+  ComfyApp.h3HoldsGraphUndo = true;
+}
