@@ -435,3 +435,21 @@ def test_device_is_a_gpu_comfyui_does_not_use():
         return 5
 
     assert pick_device("cuda:0", 3, broken) == torch.device("cuda", 1)
+
+
+def test_the_bench_runs_its_tiny_dry_run(tmp_path):
+    """bench/track_mask.py --tiny: the GPU bench's whole path (build, save, load as the node loads, track, time) on
+    the CPU, ending in one JSON line."""
+    import os
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(repo, "bench", "track_mask.py"), "--tiny", "--json",
+                          str(tmp_path / "r.json")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == json.loads((tmp_path / "r.json").read_text())
+    assert (result["frames"], result["width"], result["height"], result["device"]) == (6, 64, 40, "cpu")
+    assert result["model_calls"] == 1 + 3 + 4  # the prompt, forward from frame 3 (3..5), backward (3..0)
+    assert result["s_per_frame"] > 0 and result["prep_s_per_frame"] >= 0
