@@ -33,6 +33,16 @@ def tiny(tmp_path_factory):
     return {"sam2": make_tiny_sam2(cache / "tiny-sam2"), "sam3": make_tiny_sam3(cache / "tiny-sam3"), "cache": cache}
 
 
+@pytest.fixture(scope="module")
+def comfy_lane(request):
+    """The real ComfyUI of the integration lane (tests/comfyui_lane.py), or a skip saying why there is none."""
+    from comfyui_lane import COMFYUI_DIR, NO_COMFYUI
+
+    if not COMFYUI_DIR:
+        pytest.skip(NO_COMFYUI)
+    return request.getfixturevalue("comfy")
+
+
 @pytest.fixture
 def node_env(tiny, monkeypatch):
     monkeypatch.setenv("COMFYUI_H3_CACHE", str(tiny["cache"]))
@@ -453,3 +463,50 @@ def test_the_bench_runs_its_tiny_dry_run(tmp_path):
     assert (result["frames"], result["width"], result["height"], result["device"]) == (6, 64, 40, "cpu")
     assert result["model_calls"] == 1 + 3 + 4  # the prompt, forward from frame 3 (3..5), backward (3..0)
     assert result["s_per_frame"] > 0 and result["prep_s_per_frame"] >= 0
+
+
+# -- a real ComfyUI (the integration lane; skipped without COMFYUI_DIR) -----------------------------------------------
+
+def _lane_prompt(track_inputs: dict) -> dict:
+    from comfyui_lane import WORKFLOWS
+
+    shipped = json.loads((WORKFLOWS / "h3_object_removal_clicks.api.json").read_text())
+    load = {**shipped["2"]["inputs"], "frame_load_cap": 24}  # the sample clip's first second
+    return {
+        "1": {"class_type": "H3_LoadVideo", "inputs": load},
+        "2": {"class_type": "H3_TrackMask", "inputs": {"video": ["1", 0], "model": TINY_SAM2_NAME, "prompts": "",
+                                                       "text": "", "grow": 0, "feather": 0, "invert": False,
+                                                       **track_inputs}},
+        "3": {"class_type": "H3_MaskPreview", "inputs": {"video": ["1", 0], "mask": ["2", 0], "color": "red",
+                                                         "opacity": 0.5}},
+    }
+
+
+def test_track_mask_in_a_real_comfyui(comfy_lane):
+    comfy = comfy_lane
+    status, info = comfy.request("/object_info/H3_TrackMask")
+    assert status == 200 and "H3_TrackMask" in info, comfy.why(str(info)[:2000])
+    node = info["H3_TrackMask"]
+    assert node["display_name"] == "H3 Track Mask" and node["output"] == ["MASK"]
+    assert node["input"]["required"]["model"][0][:2] == [TINY_SAM2_NAME, TINY_SAM3_NAME]
+    for section in ("required", "optional"):
+        for name, spec in node["input"][section].items():
+            assert (spec[1] if len(spec) > 1 else {}).get("tooltip"), f"{name} has no tooltip"
+
+    ran = comfy.request("/prompt", {"prompt": _lane_prompt({"prompts": prompts(
+        {"id": 1, "points": [click(12, 96, 48), click(12, 150, 20, False)]})})})
+    assert ran[0] == 200, comfy.why(str(ran))
+    entry = comfy.wait_for_prompt(ran[1]["prompt_id"])
+    events = [event for event, _ in entry["status"]["messages"]]
+    assert entry["status"]["status_str"] == "success" and "execution_success" in events, comfy.why(str(entry))
+    assert entry["outputs"].get("3"), comfy.why(str(entry))  # the preview of the tracked mask
+
+    refused = comfy.request("/prompt", {"prompt": _lane_prompt({"prompts": "{"})})
+    assert refused[0] == 400 and "prompts is not valid JSON" in json.dumps(refused[1]["node_errors"]["2"])
+
+    wrong = comfy.request("/prompt", {"prompt": _lane_prompt({"prompts": prompts(
+        {"id": 1, "points": [click(0, 9, 9)]}), "text": "the red square"})})
+    assert wrong[0] == 200, comfy.why(str(wrong))
+    entry = comfy.wait_for_prompt(wrong[1]["prompt_id"])
+    errors = [data for event, data in entry["status"]["messages"] if event == "execution_error"]
+    assert errors and "a text prompt needs a SAM3 model" in errors[0]["exception_message"], comfy.why(str(entry))
