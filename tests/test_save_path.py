@@ -214,3 +214,22 @@ def test_h3_vae_decodes_clip_by_clip_like_the_whole_decode(tiny_h3_dir):
         chunks = list(iter_decode_video(vae, z, "cpu"))
         assert len(chunks) > 1
         assert torch.equal(torch.cat(chunks), decode_video(vae, z, "cpu"))
+
+
+def test_clip_decode_is_lazy_so_the_encoder_overlaps_the_next_clip(tiny_h3_dir):
+    """The first frames leave iter_decode_video after the first clip is decoded, not after all of them (the old
+    eager push decoded every clip before yielding one: "streamed" saving then ran decode-then-save)."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from comfyui_h3.backend.pipelines.h3.decode import decode_video, iter_decode_video
+
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
+    inner, calls = vae._decode_clip, []
+    vae._decode_clip = lambda *a, **k: calls.append(1) or inner(*a, **k)
+    z = torch.randn(1, vae.config.latent_channels, 17, 4, 6, generator=torch.Generator().manual_seed(2))
+    chunks = iter_decode_video(vae, z, "cpu")
+    first = [next(chunks)]
+    assert len(calls) == 1
+    rest = list(chunks)
+    assert len(calls) >= 3
+    assert torch.equal(torch.cat(first + rest), decode_video(vae, z, "cpu"))

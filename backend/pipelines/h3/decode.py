@@ -50,46 +50,43 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
         return
     if not parallel.is_parallel:
         decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2])
-        for chunk in decoder.push(latents):  # one chunk per clip
+        # lazily, clip by clip: the consumer encodes a clip's frames while the next clip decodes
+        for chunk in decoder.iter_push(latents):
             yield chunk
             if _stopped(should_stop):
                 raise Cancelled("Stopped during the video decode.")
-        yield from decoder.finish()
+        yield from decoder.iter_finish()
         return
     schedule = clip_schedule(vae, latents.shape[2])
     z = pad_tail(clip_input_latents(vae, latents, device), schedule.pad_latents)
-    clips = _decode_clips_shared(vae, [clip_window(vae, z, i) for i in range(schedule.num_clips)], parallel,
-                                 should_stop)
-    if not parallel.is_driver:  # the other ranks only decode their clips; rank 0 assembles the video
-        return
-    assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames)
-    for clip in clips:
-        yield from assembler.add(clip)
-    yield from assembler.finish(schedule.pad_frames)
+    inputs = [clip_window(vae, z, i) for i in range(schedule.num_clips)]
+    assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames) if parallel.is_driver else None
+    for clip in _iter_clips_shared(vae, inputs, parallel, should_stop):
+        if assembler is not None:  # the other ranks only decode their clips; rank 0 assembles the video
+            yield from assembler.add(clip)
+    if assembler is not None:
+        yield from assembler.finish(schedule.pad_frames)
 
 
-def _decode_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext,
-                         should_stop=None) -> list[torch.Tensor]:
+def _iter_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext, should_stop=None):
+    """Every rank decodes its own clips (clip i on rank i % world), a round of `world` clips at a time; after each
+    round the round's clips are broadcast from their owners and yielded in order, so rank 0 hands a round's frames
+    on while the next round decodes. Stop is agreed at the start of every round (all ranks stop there, or none)."""
     dtypes = (torch.float32, torch.bfloat16, torch.float16)
-    mine, stop = {}, False
-    for i, clip in enumerate(inputs):  # every rank its own clips at once; Stop asked between them
-        if parallel.owns(i):
-            if _stopped(should_stop):
-                stop = True
-                break
-            mine[i] = vae._decode_clip(clip)
-    if parallel.any(stop):  # agreed before the first broadcast: all ranks stop here, or none does
-        raise Cancelled("Stopped during the video decode.")
-    clips = []
-    for i in range(len(inputs)):
-        owner, device = parallel.owner(i), inputs[i].device
-        # shape (5 dims) + dtype code: a rank may own no clip of its own to read them from
-        meta = (list(mine[i].shape) + [dtypes.index(mine[i].dtype)]) if i in mine else [0] * 6
-        meta = parallel.broadcast_from(owner, torch.tensor(meta, dtype=torch.long, device=device))
-        shape, dtype = tuple(meta[:5].tolist()), dtypes[int(meta[5])]
-        clip = mine[i].contiguous() if i in mine else torch.empty(shape, dtype=dtype, device=device)
-        clips.append(parallel.broadcast_from(owner, clip))
-    return clips
+    world = parallel.world
+    for first in range(0, len(inputs), world):
+        round_ = range(first, min(len(inputs), first + world))
+        if parallel.any(_stopped(should_stop)):
+            raise Cancelled("Stopped during the video decode.")
+        mine = {i: vae._decode_clip(inputs[i]) for i in round_ if parallel.owns(i)}
+        for i in round_:
+            owner, device = parallel.owner(i), inputs[i].device
+            # shape (5 dims) + dtype code: a rank may own no clip of its own to read them from
+            meta = (list(mine[i].shape) + [dtypes.index(mine[i].dtype)]) if i in mine else [0] * 6
+            meta = parallel.broadcast_from(owner, torch.tensor(meta, dtype=torch.long, device=device))
+            shape, dtype = tuple(meta[:5].tolist()), dtypes[int(meta[5])]
+            clip = mine[i].contiguous() if i in mine else torch.empty(shape, dtype=dtype, device=device)
+            yield parallel.broadcast_from(owner, clip)
 
 
 def decode_frames_to_host(vae, latents: torch.Tensor, device, geo, parallel: ParallelContext = SINGLE,

@@ -32,14 +32,14 @@ class ExtensionOutput:
             self.frames += int(chunk.shape[0])
 
     def append(self, video_latents: torch.Tensor, audio_latents: torch.Tensor | None) -> None:
-        self._write(self.video.push(video_latents))
+        self._write(self.video.iter_push(video_latents))  # each clip to the sink as soon as it is decoded
         if self.audio is not None and audio_latents is not None:
             wave = self.audio.push(audio_latents)
             if wave.shape[1]:
                 self.sink.write_audio(wave, self.rate)
 
     def finish(self) -> int:
-        self._write(self.video.finish())
+        self._write(self.video.iter_finish())
         if self.audio is not None:
             wave = self.audio.finish()
             if wave.shape[1]:

@@ -45,36 +45,44 @@ class StreamingVideoDecoder:
             self._assembler = ClipAssembler(vae, device, hold_frames=hold)
 
     def push(self, latents: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.iter_push(latents))
+
+    def iter_push(self, latents: torch.Tensor):
+        """push() as a generator: each clip's final frames are yielded as soon as that clip is decoded, so a
+        consumer (the encoder) works on them while the next clip decodes. Consume it fully before the next call."""
         x = clip_input_latents(self.vae, latents, self.device)
         self._z = x if self._z is None else torch.cat([self._z, x], dim=2)
         self.total += x.shape[2]
         if not self.streaming:
-            return []
-        out = []
+            return
         while (self._next_clip + 1) * self.size + self.look <= self.total:  # clip inputs complete and final
-            out += self._decode_clip(self._next_clip)
+            chunks = self._decode_clip(self._next_clip)
             self._next_clip += 1
+            yield from chunks
         drop = self._next_clip * self.size - self._base
         if drop > 0:
             self._z, self._base = self._z[:, :, drop:].contiguous(), self._base + drop
-        return out
 
     def _decode_clip(self, i: int) -> list[torch.Tensor]:
         return self._assembler.add(self.vae._decode_clip(clip_window(self.vae, self._z, i, self._base)))
 
     def finish(self) -> list[torch.Tensor]:
+        return list(self.iter_finish())
+
+    def iter_finish(self):
+        """finish() as a generator (a clip's frames as soon as it is decoded, like iter_push)."""
         if self._z is None:
-            return []
+            return
         if not self.streaming:  # a VAE without the clip pieces: one whole decode
-            return [vae_pixels(self.vae.decode(self._z, return_dict=False)[0], self.device)]
+            yield vae_pixels(self.vae.decode(self._z, return_dict=False)[0], self.device)
+            self._z = None
+            return
         schedule = clip_schedule(self.vae, self.total)
         self._z = pad_tail(self._z, schedule.pad_latents)
-        out = []
         for i in range(self._next_clip, schedule.num_clips):
-            out += self._decode_clip(i)
-        out += self._assembler.finish(schedule.pad_frames)
+            yield from self._decode_clip(i)
+        yield from self._assembler.finish(schedule.pad_frames)
         self._z = None
-        return out
 
 
 def _decode_audio_raw(audio_vae, x: torch.Tensor) -> torch.Tensor:
