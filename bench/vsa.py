@@ -16,6 +16,7 @@ setting).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -121,6 +122,7 @@ def main() -> None:
     ap.add_argument("--skip-diffusers", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
     ap.add_argument("--json")
+    ap.add_argument("--tune", action="store_true", help="time the kernel's launch settings (GPU)")
     ap.add_argument("--quality", metavar="MODEL_DIR|tiny", help="the quality table instead of the timings")
     ap.add_argument("--steps", type=int, default=50, help="--quality: denoising steps")
     ap.add_argument("--settings", nargs="+", default=["0.05:0", "0.1:0", "0.1:0.25", "0.2:0.25", "0.3:0.5"],
@@ -215,12 +217,26 @@ def main() -> None:
     part["vsa_attention_ms"], part["vsa_attention_peak_gib"] = timed(lambda: vsa(q, k, v, plan), args.iters)
     part["select_ms"], _ = timed(lambda: select_tiles(q, k, p, plan.tile_sizes, plan.topk), args.iters)
     if dev.type == "cuda" and triton_supported(q):
-        from comfyui_h3.backend.attention.vsa_kernel import triton_video_attention
+        from comfyui_h3.backend.attention.vsa_kernel import KERNEL_CONFIG, triton_video_attention
 
         out = torch.empty_like(q)
         part["kernel_ms"], _ = timed(lambda: triton_video_attention(q, k, v, p, starts, sizes, sel, out), args.iters)
         video_pairs = pairs - p * seq * heads
         part["kernel_tflops"] = 4 * hd * video_pairs / part["kernel_ms"] / 1e9
+        part["kernel_config"] = dict(KERNEL_CONFIG)
+        if args.tune:  # launch settings and the P.V precision, each timed on the same inputs
+            want = triton_video_attention(q, k, v, p, starts, sizes, sel, torch.empty_like(q), pv_fp16=False,
+                                          pairs=1)
+            for pairs_, warps, stages, pv16 in itertools.product((1, 2), (4, 8), (2, 3, 4), (False, True)):
+                config = dict(pairs=pairs_, num_warps=warps, num_stages=stages)
+                try:
+                    ms, _ = timed(lambda: triton_video_attention(q, k, v, p, starts, sizes, sel, out,
+                                                                 pv_fp16=pv16, **config), args.iters)
+                except Exception as error:  # noqa: BLE001 - e.g. out of shared memory: report and go on
+                    emit("tune", **config, pv_fp16=pv16, error=str(error)[:200])
+                    continue
+                emit("tune", **config, pv_fp16=pv16, kernel_ms=ms, tflops=4 * hd * video_pairs / ms / 1e9,
+                     rel_vs_pairs1_bf16=rel(out, want))
     part["dense_tflops"] = 4 * hd * seq * seq * heads / part["dense_attention_ms"] / 1e9
     part["vsa_over_dense_attention"] = part["vsa_attention_ms"] / part["dense_attention_ms"]
     full = make_plan(layout, VSASettings(topk=10 ** 9, dense_steps=0))

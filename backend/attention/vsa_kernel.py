@@ -54,22 +54,24 @@ def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_sizes: 
     return torch.topk(scores, topk, dim=-1).indices.sort(dim=-1).values
 
 
-def coarse_attention(q, k, v, gate, block_sizes: torch.Tensor) -> torch.Tensor:
-    """The coarse branch's addend [B, S, H, D] in q's dtype (module docstring): rows in block order, `block_sizes`
-    [N] the rows of each block from row 0 (prefix blocks, then tiles). Equal blocks are contiguous runs, so pooling
-    and the broadcast back are views."""
+def add_coarse_(out, q, k, v, gate, block_sizes: torch.Tensor, chunk_blocks: int = 256) -> torch.Tensor:
+    """Add the coarse branch (module docstring) to `out` [B, S, H, D] in place and return it: rows in block order,
+    `block_sizes` [N] the rows of each block from row 0 (prefix blocks, then tiles). Equal blocks are contiguous
+    runs, so pooling and the broadcast back are views; the sum is formed in fp32 and rounded once, a run's
+    `chunk_blocks` blocks at a time (bounded fp32 scratch at any length)."""
     sizes = block_sizes.cpu()
     qp, kp, vp = (pooled(x, 0, sizes) for x in (q, k, v))  # [B, H, N, D] fp32
     scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
-    per_block = (torch.softmax(scores, dim=-1) @ vp).transpose(1, 2).to(q.dtype)  # [B, N, H, D]
-    b, s, h, d = q.shape
-    out = q.new_empty((b, s, h, d))
+    per_block = (torch.softmax(scores, dim=-1) @ vp).transpose(1, 2)  # [B, N, H, D] fp32
     runs, counts = torch.unique_consecutive(sizes, return_counts=True)
     row = block = 0
     for size, count in zip(runs.tolist(), counts.tolist()):
-        rows = slice(row, row + size * count)
-        view = gate[:, rows].unflatten(1, (count, size))
-        torch.mul(view, per_block[:, block:block + count].unsqueeze(2), out=out[:, rows].unflatten(1, (count, size)))
+        for first in range(0, count, chunk_blocks):
+            n = min(chunk_blocks, count - first)
+            rows = slice(row + first * size, row + (first + n) * size)
+            target = out[:, rows].unflatten(1, (n, size))
+            mix = per_block[:, block + first:block + first + n].unsqueeze(2) * gate[:, rows].unflatten(1, (n, size))
+            target.copy_(mix.add_(target))
         row, block = row + size * count, block + count
     return out
 
@@ -148,10 +150,9 @@ def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: 
 
 if triton is not None:
     @triton.jit
-    def _attend_block(q, acc, m_i, l_i, k_base, v_base, k_start, k_len, sks, svs, qk_scale, rows, dims):
-        # One key block (k_len <= BLOCK rows from k_start) into the online softmax state.
-        valid = rows < k_len
-        keys = (k_start + rows).to(tl.int64)  # row offsets pass 2^31 elements past ~100k rows of fused qkv
+    def _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, valid, sks, svs, qk_scale, dims,
+                     PV_FP16: tl.constexpr):
+        # One block of key rows (`keys` int64 row indices, `valid` mask) into the online softmax state.
         kk = tl.load(k_base + keys[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
         vv = tl.load(v_base + keys[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
@@ -160,37 +161,54 @@ if triton is not None:
         alpha = tl.exp2(m_i - m_new)
         pr = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
-        acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
+        if PV_FP16:  # probabilities keep 3 more mantissa bits in fp16 (V checked to fit by the caller)
+            acc = acc * alpha[:, None] + tl.dot(pr.to(tl.float16), vv.to(tl.float16))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
         return acc, m_new, l_i
 
     @triton.jit
     def _vsa_video_fwd(Q, K, V, O, starts, sizes, sel, P, H, T, NSEL, qk_scale,
                        sqb, sqs, sqh, skb, sks, skh, svb, svs, svh, sob, sos, soh,
-                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, TILE: tl.constexpr, PAIRS: tl.constexpr, PV_FP16: tl.constexpr):
+        # One program per (video query tile, batch * head); keys in blocks of TILE * PAIRS rows: PAIRS selected
+        # tiles side by side (a wider tensor-core tile and half the softmax bookkeeping per key row).
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b = (bh // H).to(tl.int64)
         h = (bh % H).to(tl.int64)
         q_start = tl.load(starts + tile)
         q_len = tl.load(sizes + tile)
-        rows = tl.arange(0, BLOCK)
+        rows = tl.arange(0, TILE)
         dims = tl.arange(0, HEAD_DIM)
         q_rows = (q_start + rows).to(tl.int64)
         q = tl.load(Q + b * sqb + h * sqh + q_rows[:, None] * sqs + dims[None, :],
                     mask=rows[:, None] < q_len, other=0.0)
-        m_i = tl.full((BLOCK,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BLOCK,), tl.float32)
-        acc = tl.zeros((BLOCK, HEAD_DIM), tl.float32)
+        m_i = tl.full((TILE,), float("-inf"), tl.float32)
+        l_i = tl.zeros((TILE,), tl.float32)
+        acc = tl.zeros((TILE, HEAD_DIM), tl.float32)
         k_base = K + b * skb + h * skh
         v_base = V + b * svb + h * svh
-        for k_start in range(0, P, BLOCK):  # the prefix: every query attends all of it
-            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_base, v_base, k_start, tl.minimum(P - k_start, BLOCK),
-                                          sks, svs, qk_scale, rows, dims)
+        cols = tl.arange(0, TILE * PAIRS)
+        for k_start in range(0, P, TILE * PAIRS):  # the prefix: every query attends all of it
+            keys = (k_start + cols).to(tl.int64)  # row offsets pass 2^31 elements past ~100k rows of fused qkv
+            acc, m_i, l_i = _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, keys < P, sks, svs, qk_scale,
+                                         dims, PV_FP16)
         sel_base = sel + (bh * T + tile) * NSEL
-        for j in range(0, NSEL):  # this tile's selected video tiles
+        within = cols % TILE
+        for j in range(0, NSEL, PAIRS):  # this tile's selected video tiles, PAIRS at a time
             kt = tl.load(sel_base + j)
-            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_base, v_base, tl.load(starts + kt), tl.load(sizes + kt),
-                                          sks, svs, qk_scale, rows, dims)
+            start = tl.load(starts + kt)
+            length = tl.load(sizes + kt)
+            if PAIRS == 2:
+                more = j + 1 < NSEL
+                kt2 = tl.load(sel_base + j + 1, mask=more, other=0)
+                second = cols >= TILE
+                start = tl.where(second, tl.load(starts + kt2), start)
+                length = tl.where(second, tl.where(more, tl.load(sizes + kt2), 0), length)
+            keys = (start + within).to(tl.int64)
+            acc, m_i, l_i = _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, within < length, sks, svs,
+                                         qk_scale, dims, PV_FP16)
         out = acc / l_i[:, None]
         tl.store(O + b * sob + h * soh + q_rows[:, None] * sos + dims[None, :],
                  out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
@@ -202,19 +220,30 @@ def triton_supported(q: torch.Tensor) -> bool:
             and d & (d - 1) == 0 and q.stride(-1) == 1)
 
 
+#: Launch settings measured on the H200 (bench/vsa.py --tune; docs/BENCHMARKS.md, "VSA").
+KERNEL_CONFIG = {"pairs": 2, "num_warps": 4, "num_stages": 3}
+FP16_MAX = 65504.0
+
+
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
-                           sel: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+                           sel: torch.Tensor, out: torch.Tensor | None = None, pv_fp16: bool | None = None,
+                           **config) -> torch.Tensor:
     """Fill the video rows of `out` [B, S, H, D] (q's dtype) with the rule's output; returns out. `starts`, `sizes`
-    int32 [T] (positions in tile order), `sel` [B, H, T, k] int32 / long."""
+    int32 [T] (positions in tile order; tiles of at most 64 rows), `sel` [B, H, T, k] int32 / long. `pv_fp16`
+    (default: when V fits fp16's range) multiplies probabilities by V in fp16; `config` overrides KERNEL_CONFIG."""
     b, s, h, d = q.shape
     t, nsel = sel.shape[2], sel.shape[3]
     out = torch.empty_like(q) if out is None else out
     sel = sel.to(torch.int32).contiguous()
+    settings = {**KERNEL_CONFIG, **config}
+    if pv_fp16 is None:  # one read of V; fp16 would overflow past 65504 (never seen in activations, but checked)
+        pv_fp16 = q.dtype == torch.float16 or bool(v.abs().amax() < FP16_MAX)
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                          v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-                         HEAD_DIM=d, BLOCK=64, num_warps=4, num_stages=2)
+                         HEAD_DIM=d, TILE=64, PAIRS=int(settings["pairs"]), PV_FP16=bool(pv_fp16),
+                         num_warps=int(settings["num_warps"]), num_stages=int(settings["num_stages"]))
     return out
 
 
