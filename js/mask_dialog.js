@@ -190,7 +190,9 @@ export class VideoEditorDialog {
   // -- DOM ----------------------------------------------------------------------------------------------------------
   build() {
     if (!document.getElementById("h3-ve-style")) document.head.append(el("style", { id: "h3-ve-style" }, [CSS]));
-    const button = (label, title, attrs, onclick) => el("button", { title, ...attrs, onclick }, [label]);
+    // After a click the keyboard goes back to the viewport: Space on a focused button would press it again.
+    const button = (label, title, attrs, onclick) => el("button", { title, ...attrs,
+      onclick: (e) => { onclick(e); if (!this.closed) this.canvas.focus({ preventScroll: true }); } }, [label]);
     this.overlay = el("div", { class: "h3-ve-overlay", "data-role": "video-editor", "data-mode": this.mode });
     const panel = el("div", { class: "h3-ve-panel" });
     this.overlay.append(panel);
@@ -396,6 +398,7 @@ export class VideoEditorDialog {
   }
 
   setFrame(n) {
+    if (this.drag && this.drag.kind !== "pan") { this.scrubber.value = String(this.frame); return; }  // mid-stroke
     const frame = Math.max(0, Math.min(this.frameCount - 1, Math.trunc(Number(n) || 0)));
     this.frame = frame;
     this.scrubber.value = String(frame);
@@ -499,6 +502,7 @@ export class VideoEditorDialog {
       return;
     }
     if (e.button !== 0) return;
+    this.pause();  // an edit belongs to the frame it started on
     const [x, y] = toDoc(this.view_, px, py);
     const [w, h] = this.docSize;
     if (this.mode === "mask") this.downMask(x, y);
@@ -514,17 +518,17 @@ export class VideoEditorDialog {
     if (t === "brush" || t === "eraser") {
       const shape = { id, type: t, size: this.size, points: [[x, y]] };
       this.model = addShape(this.model, this.frame, shape);
-      this.drag = { kind: "shape", shape };
+      this.drag = { kind: "shape", shape, frame: this.frame };
     } else if (t === "rect" || t === "ellipse") {
       const shape = t === "rect" ? { id, type: "rect", x, y, w: 0, h: 0 } : { id, type: "ellipse", cx: x, cy: y, rx: 0, ry: 0 };
       this.model = addShape(this.model, this.frame, shape);
-      this.drag = { kind: "shape", shape, x, y };
+      this.drag = { kind: "shape", shape, x, y, frame: this.frame };
     } else if (t === "move") {
       const hit = hitShape(this.model, this.frame, x, y);
       if (!hit) return;
       this.model = ensureKeyframe(this.model, this.frame);
       const shape = keyframeAt(this.model, this.frame).shapes.find((s) => s.id === hit.id);
-      this.drag = { kind: "shape", shape, original: shape, x, y, moving: true };
+      this.drag = { kind: "shape", shape, original: shape, x, y, moving: true, frame: this.frame };
     }
   }
 
@@ -539,9 +543,9 @@ export class VideoEditorDialog {
     if (t === "point-pos" || t === "point-neg") {
       this.model = addPoint(this.model, this.objectId, this.frame, x, y, t === "point-pos");
       const obj = this.model.objects.find((o) => o.id === this.objectId);
-      this.drag = { kind: "point", index: obj.points.length - 1 };
+      this.drag = { kind: "point", index: obj.points.length - 1, id: this.objectId, frame: this.frame };
     } else if (t === "box") {
-      this.drag = { kind: "box", base: this.model, x, y };
+      this.drag = { kind: "box", base: this.model, x, y, id: this.objectId, frame: this.frame };
     }
   }
 
@@ -575,12 +579,12 @@ export class VideoEditorDialog {
         shape = { ...shape, cx: (d.x + x) / 2, cy: (d.y + y) / 2, rx: Math.abs(x - d.x) / 2, ry: Math.abs(y - d.y) / 2 };
       }
       d.shape = shape;
-      this.model = replaceShape(this.model, this.frame, shape);
+      this.model = replaceShape(this.model, d.frame, shape);
     } else {
       const [w, h] = this.docSize;
       [x, y] = clampToDoc(x, y, w, h);
-      if (d.kind === "point") this.model = movePoint(this.model, this.objectId, d.index, x, y);
-      else if (d.kind === "box") this.model = setBox(d.base, this.objectId, this.frame, d.x, d.y, x, y);
+      if (d.kind === "point") this.model = movePoint(this.model, d.id, d.index, x, y);
+      else if (d.kind === "box") this.model = setBox(d.base, d.id, d.frame, d.x, d.y, x, y);
     }
     this.scheduleRender();
   }
@@ -593,7 +597,7 @@ export class VideoEditorDialog {
     this.updateCursor();
     if (d.kind === "pan") return;
     if (d.kind === "box") {
-      const box = this.model.objects.find((o) => o.id === this.objectId)?.boxes.find((b) => b.frame === this.frame);
+      const box = this.model.objects.find((o) => o.id === d.id)?.boxes.find((b) => b.frame === d.frame);
       // a click without a drag is not a box (and leaves the frame's box as it was)
       if (!box || d.base === this.model || Math.min(box.x1 - box.x0, box.y1 - box.y0) * this.view_.scale < 3) {
         this.model = d.base;

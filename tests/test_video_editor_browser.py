@@ -91,6 +91,19 @@ def test_onion_skin_tint_and_play(seen):
     assert onion["before"] != off["before"]  # keyframe 5's ghost over the held stroke
     assert seen["tinted"]["on"] == [0, 255, 0]  # green at full opacity
     assert seen["played"]["frame"] >= 8 and not seen["played"]["playing"]
+    assert seen["space"] == {"plays": True, "paused": True, "changes": 1}  # Space played; the undo ran once
+
+
+def test_a_stroke_started_while_playing_stays_on_its_frame(seen):
+    view = seen["playStroke"]
+    assert not view["playing"]  # the stroke paused playback
+    state = json.loads(view["last"])
+    [keyframe] = [kf for kf in state["keyframes"] if kf["frame"] == view["frame"]]
+    stroke = keyframe["shapes"][-1]
+    assert stroke["type"] == "brush" and stroke["points"][0] == [20, 20]
+    assert stroke["points"][-1] == pytest.approx([60, 20], abs=0.5)
+    others = [kf for kf in state["keyframes"] if kf["frame"] != view["frame"]]
+    assert all(s["points"][0] != [20, 20] for kf in others for s in kf["shapes"] if s["type"] == "brush")
     assert seen["maskClosed"]["closed"] and seen["maskClosed"]["overlay"] == 0
 
 

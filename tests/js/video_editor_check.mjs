@@ -170,6 +170,21 @@ try {
   await page.waitForFunction(() => window.dialog.frame >= 8, null, WAIT);
   await page.locator('.h3-ve-overlay button[data-action="play"]').click();
   result.played = await view();
+  // Space plays / pauses, also right after a button click (it does not press the button again)
+  const before = (await view()).changes;
+  await page.locator('.h3-ve-overlay button[data-action="undo"]').click();
+  await page.keyboard.press("Space");
+  const spacePlays = (await view()).playing;
+  await page.keyboard.press("Space");
+  const after = await view();
+  result.space = { plays: spacePlays, paused: !after.playing, changes: after.changes - before };
+  await page.locator('.h3-ve-overlay button[data-action="redo"]').click();
+  // a stroke started while playing pauses playback and stays on the frame it started on
+  await page.locator('.h3-ve-overlay button[data-tool="brush"]').click();
+  await page.locator('.h3-ve-overlay button[data-action="play"]').click();
+  await page.waitForFunction((f) => window.dialog.frame !== f, result.played.frame, WAIT);
+  await drag([[20, 20], [40, 20], [60, 20]]);
+  result.playStroke = await view();
   await page.keyboard.press("Escape");
   result.maskClosed = await page.evaluate(() => ({ closed: window.editorClosed, overlay: document.querySelectorAll(".h3-ve-overlay").length, last: window.changes.at(-1) }));
 
