@@ -710,7 +710,7 @@ export class VideoEditorDialog {
       ctx.fillStyle = "#fff";
       ctx.fillText(String(this.size), px * dpr + r + 4 * dpr, py * dpr - 4 * dpr);
     }
-    this.zoomLabel.textContent = `${Math.round(v.scale * 100)}%`;
+    this.zoomLabel.textContent = w && h ? `${Math.round(v.scale * 100)}%` : "–";
     this.renderTicks();
     this.renderLabels(frameNote);
   }
@@ -847,7 +847,10 @@ export class VideoEditorDialog {
     }
     this.frameLabel.textContent = `frame ${this.frame} / ${this.frameCount - 1}${keyHere ? " · keyframe" : ""} · ${here}`;
     const warn = [this.hostStatus, this.parseError, frameNote].filter(Boolean);
-    if (this.mode === "prompts" && !this.docSize[0]) warn.push("Clicks and boxes need the video's size: connect an H3 Load Video to the node's video input.");
+    if (this.mode === "prompts" && !this.docSize[0]) {
+      warn.push(this.hostStatus ? "Clicks and boxes need the video's frames."
+        : "Clicks and boxes need the video's frames: connect an H3 Load Video to the node's video input.");
+    }
     const hint = "wheel: zoom · middle-drag or Space+drag: pan · Space: play · ← →: frames · [ ]: brush size · Ctrl+Z / Ctrl+Y: undo / redo · Esc: close";
     const text = warn.length ? warn.join(" ") : hint;
     if (this.status.textContent !== text) this.status.textContent = text;

@@ -131,3 +131,9 @@ def test_prompt_tools_write_the_contract_json(seen):
     ghost = seen["promptOnion"]
     assert ghost["box"][0] > ghost["box"][1] + 40, ghost  # frame 3's box, dashed, on frame 0
     assert seen["promptsClosed"]["closed"] and seen["promptsClosed"]["overlay"] == 0
+
+
+def test_prompts_without_a_video_say_why_and_place_nothing(seen):
+    no_video = seen["noVideo"]
+    assert no_video["warn"] and no_video["changes"] == 0
+    assert "connect an H3 Load Video" in no_video["status"] and "need the video's frames" in no_video["status"]

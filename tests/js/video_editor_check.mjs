@@ -223,6 +223,19 @@ try {
   result.restored = await view();
   await page.locator('.h3-ve-overlay button[data-action="close"]').click();
   result.promptsClosed = await page.evaluate(() => ({ closed: window.editorClosed, overlay: document.querySelectorAll(".h3-ve-overlay").length }));
+
+  // ---- prompts without a known video: the dialog says why, and a click places nothing (no size to place it in) ----
+  await page.evaluate(() => {
+    window.changes = [];
+    window.dialog = new window.VideoEditorDialog({ mode: "prompts", value: "", video: null, title: "no video",
+      status: "No frames to show: connect an H3 Load Video to this node's video input.", frameUrl: () => null,
+      onChange: (json) => window.changes.push(json) });
+  });
+  const vr = await page.evaluate(() => { const r = window.dialog.canvas.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; });
+  await page.mouse.click(...vr);
+  result.noVideo = await page.evaluate(() => ({ status: window.dialog.status.textContent, warn: window.dialog.status.classList.contains("h3-ve-warn"), changes: window.changes.length }));
+  await shot("prompts_no_video.png");
+  await page.keyboard.press("Escape");
 } catch (err) {
   result.error = String(err?.stack || err);
 } finally {
