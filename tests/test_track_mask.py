@@ -91,6 +91,7 @@ class Spy:
 
         def add_inputs(processor, inference_session, frame_idx, obj_ids, **kwargs):
             result = original(processor, inference_session, frame_idx, obj_ids, **kwargs)
+            spy.session = inference_session
             oid = obj_ids if isinstance(obj_ids, int) else obj_ids[0]
             stored = inference_session.point_inputs_per_obj[inference_session.obj_id_to_idx(oid)][frame_idx]
             spy.added.append({"frame": frame_idx, "obj": oid, "size": (inference_session.video_height,
@@ -163,6 +164,23 @@ def test_several_objects_each_get_their_own_inputs_and_the_mask_is_their_union(t
     assert (both != union).float().mean() < 0.005
 
 
+def test_every_object_prompted_on_a_frame_gets_it_as_a_conditioning_frame(tiny, monkeypatch):
+    """Object 1 (clicked on frames 2 and 5) is already in the session when object 2 (listed first) gets its click on
+    frame 5: the model runs once for both there, so frame 5 conditions both (object 1 is not tracked onto frame 5
+    first and its click then taken as a correction of that track)."""
+    processor_cls, model_cls, _ = click_classes("sam2")
+    spy = Spy(monkeypatch, processor_cls, model_cls)
+    second = {"id": 2, "points": [click(5, 50, 30)]}
+    first = {"id": 1, "points": [click(2, 12, 10), click(5, 14, 12)]}
+    track_masks(model(tiny, "sam2"), frames(), prompts(second, first))
+    assert [(x["frame"], x["obj"]) for x in spy.added] == [(2, 1), (5, 2), (5, 1)]
+    assert spy.calls[:2] == [(2, False), (5, False)]  # one model call per prompted frame
+    session = spy.session
+    for oid, frames_ in ((1, [2, 5]), (2, [5])):
+        outputs = session.output_dict_per_obj[session.obj_id_to_idx(oid)]
+        assert sorted(outputs["cond_frame_outputs"]) == frames_, oid
+
+
 def test_forward_and_backward_propagation_cover_every_frame_from_a_middle_prompt(tiny, monkeypatch):
     processor_cls, model_cls, _ = click_classes("sam2")
     spy = Spy(monkeypatch, processor_cls, model_cls)
@@ -192,7 +210,7 @@ def test_objects_first_prompted_on_different_frames_are_tracked_away_from_their_
     b = {"id": 2, "boxes": [{"frame": 5, "x0": 30, "y0": 10, "x1": 60, "y1": 38}]}
     track_masks(model(tiny, "sam2"), frames(), prompts(a, b))
     assert [(x["frame"], x["obj"]) for x in spy.added] == [(2, 1), (5, 2), (6, 1)]
-    rest = spy.calls[3:]
+    rest = spy.calls[3:]  # after one model call per prompted frame (2, 5, 6)
     # forward from the earliest prompt (object 1's), backward from object 2's first prompt down to frame 0
     assert [f for f, r in rest if not r] == list(range(2, T))
     assert [f for f, r in rest if r] == list(range(5, -1, -1))

@@ -9,7 +9,8 @@ How the transformers models are driven (no segmentation here: transformers' proc
   on the model's device), so a long clip never exists as one float tensor.
 - Clicks and boxes (SAM2, or SAM3's tracker): for every prompted frame, each object's clicks (label 1, negative 0)
   and box go through ``processor.add_inputs_to_inference_session`` in source-frame pixels (the processor scales
-  them to the model's square input) and the model runs on that frame, making it a conditioning frame. Then
+  them to the model's square input), then the model runs once on that frame for all of them, making it a
+  conditioning frame of each. Then
   ``propagate_in_video_iterator`` runs forward from the earliest prompted frame to the last frame and backward
   (``reverse=True``) from the latest frame on which an object is first prompted down to frame 0. Each object takes
   its mask on frame t from the forward pass when it has a prompt at or before t, else from the backward pass: every
@@ -62,8 +63,7 @@ def click_passes(prompts: TrackPrompts, frame_count: int) -> tuple[int, int]:
 
 def _click_model_calls(prompts: TrackPrompts, frame_count: int) -> int:
     forward, backward = click_passes(prompts, frame_count)
-    prompt_calls = sum(len(obj.frames()) for obj in prompts.objects)
-    return prompt_calls + (frame_count - forward) + (backward + 1 if backward > 0 else 0)
+    return len(prompts.frames()) + (frame_count - forward) + (backward + 1 if backward > 0 else 0)
 
 
 def track_masks(track_model: TrackModel, frames: torch.Tensor, prompts, text: str = "",
@@ -162,11 +162,17 @@ def _track_clicks(model, processor, track_model: TrackModel, frames, prompts: Tr
 
     with _per_call(model, check, meter), torch.inference_mode():
         for frame in prompts.frames():
+            ids = []
             for obj in prompts.objects:
                 inputs = _prompt_inputs(obj, frame)
                 if inputs:
                     processor.add_inputs_to_inference_session(session, frame_idx=frame, obj_ids=obj.id, **inputs)
-                    model(inference_session=session, frame_idx=frame)
+                    ids.append(obj.id)
+            # Each call above names only its own object as new; the model runs once for all of them, so each is a
+            # conditioning frame (run after one of them alone, the others would first be tracked onto this frame
+            # and their clicks then taken as a correction of that track).
+            session.obj_with_new_inputs = ids
+            model(inference_session=session, frame_idx=frame)
         forward, backward = click_passes(prompts, count)
         for output in model.propagate_in_video_iterator(session, start_frame_idx=forward):
             take(output, lambda oid, t=output.frame_idx: first[oid] <= t)
