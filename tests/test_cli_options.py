@@ -79,7 +79,8 @@ def test_help_shows_defaults(capsys):
             main([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         if command in ("generate", "edit", "extend"):
-            assert "(default: 50)" in text and "(default: auto)" in text and "(default: tiny)" in text, text
+            steps = "Default: 50, or 4 with the fasth3 schedule" if command == "generate" else "(default: 50)"
+            assert steps in text and "(default: auto)" in text and "(default: tiny)" in text, text
             assert "(default: None)" not in text and "(default: False)" not in text
     with pytest.raises(SystemExit):
         main(["extend", "--help"])

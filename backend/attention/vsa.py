@@ -8,7 +8,7 @@ import torch
 
 from .dispatch import _sdpa_cudnn_first
 from .registry import AttentionBackend, register
-from .vsa_kernel import coarse_attention, sparse_attention
+from .vsa_kernel import add_coarse_, sparse_attention
 from .vsa_plan import VSASettings, make_plan
 
 
@@ -20,13 +20,13 @@ def _attend(q, k, v, plan=None, gate=None):
     if plan is None:
         raise ValueError("Learned VSA gates (a FastH3 student's) need the request's VSA plan: this attention call "
                          "has none.")
-    return out.add_(_coarse(q, k, v, gate, plan))
+    return _coarse(out, q, k, v, gate, plan)
 
 
 @torch.compiler.disable
-def _coarse(q, k, v, gate, plan):
+def _coarse(out, q, k, v, gate, plan):
     # Eager like _sparse: the block runs read the plan's host-side sizes.
-    return coarse_attention(q, k, v, gate, plan.block_sizes)
+    return add_coarse_(out, q, k, v, gate, plan.block_sizes)
 
 
 @torch.compiler.disable

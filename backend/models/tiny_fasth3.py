@@ -43,9 +43,11 @@ def student_layout(shapes: dict[str, tuple]) -> tuple[list[str], list[str], list
 
 
 def make_tiny_fasth3(out_file: str | os.PathLike, config: dict | None = None, gates: bool = True,
-                     rank: int = TINY_STUDENT_RANK, seed: int = TINY_STUDENT_SEED) -> Path:
-    """Write a random student adapter for a DiT of `config` (default: the tiny set's transformer) to `out_file`
-    (written beside it and renamed into place). `gates`: the VSA variant (learned gates in every block)."""
+                     rank: int = TINY_STUDENT_RANK, seed: int = TINY_STUDENT_SEED,
+                     dtype: torch.dtype = torch.float32) -> Path:
+    """Write a random student adapter for a DiT of `config` (default: the tiny set's transformer; a released
+    transformer/config.json's dict gives a full-size random student for timing, e.g. rank 64 in bfloat16) to
+    `out_file` (written beside it and renamed into place). `gates`: the VSA variant (learned gates in every block)."""
     from safetensors.torch import save_file
 
     from .checkpoint import meta_shapes
@@ -58,13 +60,14 @@ def make_tiny_fasth3(out_file: str | os.PathLike, config: dict | None = None, ga
     gen = torch.Generator("cpu").manual_seed(seed)
 
     def draw(shape, scale):
-        return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).contiguous()
+        return (torch.randn(shape, generator=gen, dtype=torch.float32) * scale).to(dtype).contiguous()
 
     tensors: dict[str, torch.Tensor] = {}
     for module in low_rank:
         out_dim, in_dim = shapes[f"{module}.weight"]
-        tensors[f"{module}.lora_A.weight"] = draw((rank, in_dim), 0.2)
-        tensors[f"{module}.lora_B.weight"] = draw((out_dim, rank), 0.2)
+        # scaled by fan-in, so a full-size random student stays finite too
+        tensors[f"{module}.lora_A.weight"] = draw((rank, in_dim), in_dim ** -0.5)
+        tensors[f"{module}.lora_B.weight"] = draw((out_dim, rank), 0.2 * rank ** -0.5)
     for key in diffs:
         tensors[key[: -len(".weight")] + ".diff"] = draw(shapes[key], 0.05)
     for key in biases:
@@ -72,7 +75,7 @@ def make_tiny_fasth3(out_file: str | os.PathLike, config: dict | None = None, ga
     if gates:
         for i in range(cfg.num_layers):
             tensors[f"transformer_blocks.{i}.attn.to_gate_compress.set_weight"] = draw(
-                shapes[f"transformer_blocks.{i}.attn.to_q.weight"], 0.1)
+                shapes[f"transformer_blocks.{i}.attn.to_q.weight"], 0.5 * cfg.hidden_size ** -0.5)
     metadata = {
         "format": FORMAT, "base_model": "comfyui-h3/tiny-h3", "rank": str(rank),
         "finetuned_model": "comfyui-h3/tiny-fasth3" + ("-vsa" if gates else "-dense") + " (random weights)",
