@@ -237,8 +237,9 @@ def test_sam3_text_prompts_reach_the_session_and_mask_every_frame(tiny, monkeypa
 def test_frames_enter_the_session_in_chunks_exactly_as_the_processor_prepares_a_whole_video(tiny):
     sam2 = model(tiny, "sam2")
     clip = frames(FRAME_CHUNK + 3, 30, 50)
-    ours = sam_tracker._open_session(sam2.processor, sam2, clip, None, sam_tracker._Progress(10 ** 6, None))
-    whole = sam2.processor.init_video_session(video=clip, inference_device="cpu")
+    processor = sam2.click_model()[1]
+    ours = sam_tracker._open_session(processor, sam2, clip, None, sam_tracker._Progress(10 ** 6, None))
+    whole = processor.init_video_session(video=clip, inference_device="cpu")
     assert ours.num_frames == whole.num_frames == FRAME_CHUNK + 3
     for index in range(ours.num_frames):
         assert torch.allclose(ours.get_frame(index), whole.get_frame(index), atol=1e-5), index
@@ -313,7 +314,8 @@ def test_stop_mid_propagation_raises_comfyuis_interrupt_and_keeps_the_model_usab
     assert len(calls) == 3  # stopped at the next frame, not at the end of the clip
     monkeypatch.setattr(transformers.Sam2VideoModel, "forward", original)
     sam2 = next(m for m in cached_track_models() if m.kind == "sam2")
-    assert not sam2.model._forward_pre_hooks and not sam2.model._forward_hooks  # nothing of the run left on it
+    (net,) = sam2.loaded()
+    assert not net._forward_pre_hooks and not net._forward_hooks  # nothing of the run left on it
     (again,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
     assert torch.equal(again, clean) and cached_track_models() == loaded  # same model object, same result
 
@@ -347,6 +349,11 @@ def test_missing_or_foreign_model_folders_are_clear_errors(tmp_path, monkeypatch
         (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
         with pytest.raises(TrackModelError, match=message):
             load_track_model(folder, "cpu")
+    weightless = tmp_path / "weightless"
+    weightless.mkdir()
+    (weightless / "config.json").write_text(json.dumps({"model_type": "sam2_video"}))
+    with pytest.raises(TrackModelError, match=f"could not load the SAM2 model in {weightless}"):
+        load_track_model(weightless, "cpu")
 
 
 def test_an_old_transformers_is_a_clear_error(monkeypatch):
@@ -440,9 +447,15 @@ def test_models_load_once_per_folder_device_and_dtype(tiny):
     first = load_track_model(tiny["sam2"], "cpu")
     assert load_track_model(tiny["sam2"], "cpu") is first
     assert load_track_model(tiny["sam2"], "cpu", torch.float64) is not first  # another dtype: another load
-    assert first.model.dtype == torch.float32 and first.reads_text is False
+    assert first.click_model()[0].dtype == torch.float32 and first.reads_text is False
+    with pytest.raises(TrackModelError, match="tiny-sam2 is a SAM2 model: it takes no text prompt"):
+        first.text_model()
     sam3 = load_track_model(tiny["sam3"], "cpu")
-    assert sam3.reads_text and sam3.click_model() is sam3.click_model()  # SAM3's tracker: loaded once, kept
+    assert sam3.reads_text and sam3.loaded() == []  # SAM3 loads the part a run needs, when it needs it
+    assert sam3.click_model() is sam3.click_model()  # its tracker: loaded once, kept
+    assert [type(m).__name__ for m in sam3.loaded()] == ["Sam3TrackerVideoModel"]  # the detector not loaded
+    sam3.text_model()
+    assert sorted(type(m).__name__ for m in sam3.loaded()) == ["Sam3TrackerVideoModel", "Sam3VideoModel"]
     assert len(cached_track_models()) == sam_models.MAX_CACHED  # the least recently used left
     clear_track_models()
     assert cached_track_models() == [] and load_track_model(tiny["sam2"], "cpu") is not first

@@ -4,7 +4,7 @@ that keeps each loaded model for the next run.
 A folder is read by its config.json `model_type`: ``sam2_video`` (the SAM2 / SAM2.1 releases; ``sam2`` is read the
 same way) is a SAM2 video tracker (clicks and boxes); ``sam3_video`` (the SAM3 release) is SAM3: text prompts through
 ``Sam3VideoModel`` (detector + tracker) and clicks / boxes through ``Sam3TrackerVideoModel``, which transformers loads
-from the same folder (loaded on first use). Processor, image / video processor and tokenizer files come from the same
+from the same folder (each loaded when a run first needs it). Processor, image / video processor and tokenizer files come from the same
 folder (``*.from_pretrained(folder)``).
 
 Loaded models stay in a process-wide cache keyed by (folder, its files' sizes and times, device, dtype): a prompt that
@@ -150,17 +150,17 @@ def pick_dtype(device: torch.device) -> torch.dtype:
 
 @dataclass
 class TrackModel:
-    """A loaded SAM2 or SAM3 folder. `model` / `processor`: the video model and its processor (SAM2: the tracker;
-    SAM3: the text-prompted detector + tracker). :meth:`click_model` is what clicks and boxes go to."""
+    """A SAM2 or SAM3 folder and where it runs; its transformers models load on first use and stay.
+    :meth:`click_model`: what clicks and boxes go to (SAM2's video model; SAM3's tracker, Sam3TrackerVideoModel).
+    :meth:`text_model`: SAM3's text-prompted video model (Sam3VideoModel: detector + tracker). A SAM3 run with
+    clicks only never loads the detector, nor one with text only the separate tracker."""
 
     path: str
     kind: str
     device: torch.device
     dtype: torch.dtype
-    model: Any
-    processor: Any
-    _click: Optional[tuple] = field(default=None, repr=False)
-    _lock: Any = field(default_factory=threading.Lock, repr=False)
+    _parts: dict = field(default_factory=dict, repr=False)
+    _lock: Any = field(default_factory=threading.RLock, repr=False)
 
     @property
     def name(self) -> str:
@@ -170,19 +170,32 @@ class TrackModel:
     def reads_text(self) -> bool:
         return self.kind == SAM3
 
-    def click_model(self) -> tuple:
-        """(model, processor) that take clicks and boxes: SAM2's own; for SAM3 its tracker (Sam3TrackerVideoModel,
-        loaded from the same folder on first use and kept)."""
-        if self.kind == SAM2:
-            return self.model, self.processor
+    def _part(self, role: str, model_class: str, processor_class: str) -> tuple:
         with self._lock:
-            if self._click is None:
+            if role not in self._parts:
                 import transformers
 
-                model = _load(transformers.Sam3TrackerVideoModel, self.path, self.dtype, self.device, SAM3)
-                processor = _load_processor(transformers.Sam3TrackerVideoProcessor, self.path, SAM3)
-                self._click = (model, processor)
-            return self._click
+                model = _load(getattr(transformers, model_class), self.path, self.dtype, self.device, self.kind)
+                processor = _load_processor(getattr(transformers, processor_class), self.path, self.kind)
+                self._parts[role] = (model, processor)
+            return self._parts[role]
+
+    def click_model(self) -> tuple:
+        """(model, processor) that take clicks and boxes."""
+        if self.kind == SAM2:
+            return self._part("video", "Sam2VideoModel", "Sam2VideoProcessor")
+        return self._part("tracker", "Sam3TrackerVideoModel", "Sam3TrackerVideoProcessor")
+
+    def text_model(self) -> tuple:
+        """(model, processor) that take text prompts (SAM3)."""
+        if self.kind != SAM3:
+            raise TrackModelError(f"{self.name} is a {KIND_NAMES[self.kind]} model: it takes no text prompt.")
+        return self._part("video", "Sam3VideoModel", "Sam3VideoProcessor")
+
+    def loaded(self) -> list:
+        """The transformers models loaded so far."""
+        with self._lock:
+            return [model for model, _ in self._parts.values()]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -243,17 +256,12 @@ def load_track_model(path: str, device: Any = None, dtype: Optional[torch.dtype]
         if key in _CACHE:
             _CACHE.move_to_end(key)
             return _CACHE[key]
-        import transformers
-
+        entry = TrackModel(path, kind, device, dtype)
         if kind == SAM2:
-            model = _load(transformers.Sam2VideoModel, path, dtype, device, kind)
-            processor = _load_processor(transformers.Sam2VideoProcessor, path, kind)
-        else:
-            model = _load(transformers.Sam3VideoModel, path, dtype, device, kind)
-            processor = _load_processor(transformers.Sam3VideoProcessor, path, kind)
+            entry.click_model()  # SAM2 has one model: load it now (SAM3 loads the part a run asks for)
         for old in [k for k in _CACHE if k[0] == path and k[2:] == key[2:]]:
             del _CACHE[old]  # the same folder before it was rebuilt
-        _CACHE[key] = TrackModel(path, kind, device, dtype, model, processor)
+        _CACHE[key] = entry
         while len(_CACHE) > MAX_CACHED:
             _CACHE.popitem(last=False)
         return _CACHE[key]

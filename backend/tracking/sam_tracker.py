@@ -91,7 +91,8 @@ def track_masks(track_model: TrackModel, frames: torch.Tensor, prompts, text: st
         model, processor = track_model.click_model()
         _track_clicks(model, processor, track_model, frames, prompts, union, check, meter)
     if phrases:
-        _track_text(track_model.model, track_model.processor, track_model, frames, phrases, union, check, meter)
+        model, processor = track_model.text_model()
+        _track_text(model, processor, track_model, frames, phrases, union, check, meter)
     return union.to(torch.float32)
 
 
