@@ -308,7 +308,8 @@ export function promptSummary(prompts) {
   const boxes = objects.reduce((n, o) => n + o.boxes.length, 0);
   const frames = promptFrames(prompts);
   const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
-  const parts = [plural(objects.length, "object"), plural(points.length, "click") + (negative ? ` (${negative} negative)` : "")];
+  const parts = [plural(objects.length, "object")];
+  if (points.length) parts.push(plural(points.length, "click") + (negative ? ` (${negative} negative)` : ""));
   if (boxes) parts.push(boxes === 1 ? "1 box" : `${boxes} boxes`);
   const shown = frames.slice(0, 8).join(", ") + (frames.length > 8 ? ", …" : "");
   parts.push(`${frames.length === 1 ? "frame" : "frames"} ${shown}`);

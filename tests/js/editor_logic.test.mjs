@@ -146,6 +146,7 @@ test("prompts: clicks, boxes (one per object and frame), objects; serialised in 
   assert.deepEqual(promptsOn(p, 3).map((o) => [o.id, o.points.length, o.boxes.length]), [[1, 1, 1]]);
   assert.equal(promptSummary(p), "2 objects · 3 clicks (1 negative) · 1 box · frames 0, 3, 7");
   assert.equal(promptSummary(parsePrompts("")), "no clicks or boxes");
+  assert.equal(promptSummary(setBox(parsePrompts(""), 1, 0, 1, 2, 3, 4)), "1 object · 1 box · frame 0");
   // an object with nothing left is not written
   const gone = clearFramePrompts(p, 7, 2);
   assert.deepEqual(JSON.parse(serializePrompts(gone)).objects.map((o) => o.id), [1]);
