@@ -12,7 +12,8 @@ import torch
 
 from comfyui_h3.backend.attention.dispatch import _sdpa
 from comfyui_h3.backend.attention.registry import available, get_backend
-from comfyui_h3.backend.attention.vsa_kernel import reference, select_tiles, sparse_attention, triton
+from comfyui_h3.backend.attention.vsa_kernel import (reference, select_tiles, sparse_attention, triton,
+                                                   triton_video_attention)
 from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, make_plan, tile_order
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.layout import ReferenceBlock, build_layout, build_reference_layout
@@ -161,7 +162,7 @@ def test_triton_kernel_interpreted_matches_the_rule():
                     reason="needs a CUDA GPU and triton: the bf16 Triton kernel runs only there (CPU: interpreted "
                            "fp16 test above, fallback tests)")
 @pytest.mark.parametrize("num_prefix,grid", SHAPES + [(1000, (12, 16, 20))])
-@pytest.mark.parametrize("pairs,topk", [(2, 4), (2, 5), (1, 4)])
+@pytest.mark.parametrize("pairs,topk", [(1, 4), (2, 5)])
 def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, pairs, topk, monkeypatch):
     from comfyui_h3.backend.attention import vsa_kernel
     monkeypatch.setitem(vsa_kernel.KERNEL_CONFIG, "pairs", pairs)
@@ -172,7 +173,13 @@ def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, pairs, topk, mo
     qc, kc, vc = (t.cuda() for t in (q, k, v))
     assert torch.equal(select_tiles(qc, kc, num_prefix, plan.tile_sizes, plan.topk).cpu(), sel)
     got = sparse_attention(qc, kc, vc, plan, _sdpa, use_triton=True).cpu()
-    assert rel_err(got, want) <= 2e-3
+    # bf16 output: within 1e-3 of the error the exact answer has once rounded to bf16 (1.1-1.7e-3 on these shapes)
+    assert rel_err(got, want) <= rel_err(want.bfloat16(), want) + 1e-3
+    # the kernel's own arithmetic (bf16 operands, fp32 softmax / accumulation), seen through a float32 output
+    starts, sizes, _ = plan.tables(qc.device)
+    wide = torch.zeros(q.shape, dtype=torch.float32, device="cuda")
+    triton_video_attention(qc, kc, vc, num_prefix, starts, sizes, sel.cuda(), wide)
+    assert rel_err(wide[:, num_prefix:].cpu(), want[:, num_prefix:]) <= 2e-3
     full, _ = flat_plan(num_prefix, grid, topk=10_000)
     assert rel_err(sparse_attention(qc, kc, vc, full, _sdpa, use_triton=True).cpu(),
                    _sdpa(q.double(), k.double(), v.double())) <= 2e-3

@@ -161,7 +161,7 @@ if triton is not None:
         alpha = tl.exp2(m_i - m_new)
         pr = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
-        if PV_FP16:  # probabilities keep 3 more mantissa bits in fp16 (V checked to fit by the caller)
+        if PV_FP16:  # probabilities keep 3 more mantissa bits in fp16 (V must fit fp16's range)
             acc = acc * alpha[:, None] + tl.dot(pr.to(tl.float16), vv.to(tl.float16))
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
@@ -220,24 +220,24 @@ def triton_supported(q: torch.Tensor) -> bool:
             and d & (d - 1) == 0 and q.stride(-1) == 1)
 
 
-#: Launch settings measured on the H200 (bench/vsa.py --tune; docs/BENCHMARKS.md, "VSA").
-KERNEL_CONFIG = {"pairs": 2, "num_warps": 4, "num_stages": 3}
-FP16_MAX = 65504.0
+#: Launch settings measured on the H200 (bench/vsa.py --tune, 10-s shape, 56 heads, ~10% of tiles; docs/BENCHMARKS.md,
+#: "VSA"): one selected tile per key block, 4 warps, 3 stages: 56.0 ms. Two tiles per block: 76.0 ms; 8 warps: >= 109 ms;
+#: P.V in fp16: +23% time for no accuracy gain (the bf16 output's own rounding dominates the error).
+KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3}
 
 
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
-                           sel: torch.Tensor, out: torch.Tensor | None = None, pv_fp16: bool | None = None,
+                           sel: torch.Tensor, out: torch.Tensor | None = None, pv_fp16: bool = False,
                            **config) -> torch.Tensor:
-    """Fill the video rows of `out` [B, S, H, D] (q's dtype) with the rule's output; returns out. `starts`, `sizes`
-    int32 [T] (positions in tile order; tiles of at most 64 rows), `sel` [B, H, T, k] int32 / long. `pv_fp16`
-    (default: when V fits fp16's range) multiplies probabilities by V in fp16; `config` overrides KERNEL_CONFIG."""
+    """Fill the video rows of `out` [B, S, H, D] (q's dtype unless `out` says otherwise, e.g. float32 to see the
+    kernel's own arithmetic) with the rule's output; returns out. `starts`, `sizes` int32 [T] (positions in tile
+    order; tiles of at most 64 rows), `sel` [B, H, T, k] int32 / long. `pv_fp16`: probabilities times V in fp16 (V
+    must fit fp16's range); `config` overrides KERNEL_CONFIG."""
     b, s, h, d = q.shape
     t, nsel = sel.shape[2], sel.shape[3]
     out = torch.empty_like(q) if out is None else out
     sel = sel.to(torch.int32).contiguous()
     settings = {**KERNEL_CONFIG, **config}
-    if pv_fp16 is None:  # one read of V; fp16 would overflow past 65504 (never seen in activations, but checked)
-        pv_fp16 = q.dtype == torch.float16 or bool(v.abs().amax() < FP16_MAX)
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
