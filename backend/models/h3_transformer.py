@@ -416,12 +416,8 @@ def load_h3_transformer(
     storage (runtime.WeightPolicy): "compute" as loaded; "fp8" / "fp8_emulated" the blocks' GEMM weights quantised
     to FP8 after loading (H3Block.use_fp8_gemms; "fp8" checks the device can run them before anything loads)."""
     from .checkpoint import load_into, reading
-    from .fp8_linear import check_scaled_mm
 
-    if storage not in ("compute", "fp8", "fp8_emulated"):
-        raise ValueError(f"weight storage must be 'compute', 'fp8' or 'fp8_emulated', got {storage!r}.")
-    if storage == "fp8":
-        check_scaled_mm(device)
+    check_storage(storage, device)
     folder = os.fspath(folder)
     config = os.path.join(folder, "config.json")
     cfg = H3TransformerConfig.from_json(config)
@@ -435,6 +431,23 @@ def load_h3_transformer(
         return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
     load_into(model, folder, device=device, dtype_for=dtype_for)
+    return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
+
+
+def check_storage(storage: str, device) -> None:
+    """A weight storage name load_h3_transformer takes; "fp8" also needs a device that runs FP8 GEMMs."""
+    from .fp8_linear import check_scaled_mm
+
+    if storage not in ("compute", "fp8", "fp8_emulated"):
+        raise ValueError(f"weight storage must be 'compute', 'fp8' or 'fp8_emulated', got {storage!r}.")
+    if storage == "fp8":
+        check_scaled_mm(device)
+
+
+def finish_loading(model: H3Transformer, cfg: H3TransformerConfig, device, fuse: bool = True,
+                   storage: str = "compute", adapter: str | os.PathLike | None = None) -> H3Transformer:
+    """After the weights are in (from a folder, or a native single file: models/native_load.py): the student's
+    adapter, the rotary table, the fused QKV and the FP8 storage."""
     if adapter is not None:
         from .fasth3 import fuse_adapter, read_adapter
 

@@ -1,0 +1,167 @@
+"""Reading a ComfyUI native single file: its keys with the checkpoint prefix stripped, its quantisation understood,
+each tensor dequantised when it is read (one tensor at a time, so a 66 GB file never sits in memory twice).
+
+Quantised formats ComfyUI's loader accepts and we read (comfy/utils.py convert_old_quants, comfy/ops.py):
+- plain FP8 weights (float8_e4m3fn / float8_e5m2 tensors, no scale): value = weight;
+- "scaled fp8" (the older format): a `scaled_fp8` marker tensor and per layer `<layer>.scale_weight` (and an ignored
+  `<layer>.scale_input`): value = weight * scale_weight;
+- the current format: per layer `<layer>.comfy_quant` (a uint8 tensor holding JSON `{"format": "float8_e4m3fn"}`) or
+  the safetensors header's `_quantization_metadata` (`{"layers": {layer: {"format": ...}}}`), with
+  `<layer>.weight_scale` (and an ignored `<layer>.input_scale`): value = weight * weight_scale.
+Other formats the native loader knows (int8 / convrot, nvfp4, mxfp8, ...) are refused naming the format: they need
+ComfyUI's own kernels to dequantise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from safetensors import safe_open
+
+from .checkpoint import CheckpointError, _first, reading
+
+FP8_FORMATS = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+FP8_DTYPES = tuple(FP8_FORMATS.values())
+_SCALE_SUFFIXES = (".scale_weight", ".weight_scale")
+_IGNORED_SUFFIXES = (".scale_input", ".input_scale", ".comfy_quant")
+
+
+class NativeFile:
+    """An open native single file (a context manager). `keys`: the weight keys without prefix and without the
+    quantisation's own tensors; `get(key, dtype)` reads one tensor, dequantised, in `dtype` (None: as stored, or
+    bfloat16 for a quantised one)."""
+
+    def __init__(self, path: str | os.PathLike, prefixes: Sequence[str] = ()):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise CheckpointError(f"Model file not found: {self.path}")
+        if self.path.suffix != ".safetensors":
+            raise CheckpointError(f"{self.path} is not a .safetensors file; only safetensors weights are loaded.")
+        with reading(self.path):
+            self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+            raw = list(self._handle.keys())
+            self.metadata = self._handle.metadata() or {}
+        self.prefix = _common_prefix(self.path, raw, prefixes)
+        full = {k[len(self.prefix):]: k for k in raw}
+        self._full = full
+        self.scales: dict[str, str] = {}  # weight key -> its scale tensor's key
+        self.formats: dict[str, str] = {}  # weight key -> quantisation format
+        self._read_quantisation(full)
+        aux = {k for k in full if k == "scaled_fp8" or k.endswith(_SCALE_SUFFIXES + _IGNORED_SUFFIXES)}
+        self.keys: set[str] = set(full) - aux
+
+    # -- quantisation --------------------------------------------------------------------------------------------------
+    def _read_quantisation(self, full: dict[str, str]) -> None:
+        layers: dict[str, dict] = {}
+        if "_quantization_metadata" in self.metadata:
+            try:
+                layers = dict(json.loads(self.metadata["_quantization_metadata"]).get("layers", {}))
+            except (ValueError, AttributeError) as exc:
+                raise CheckpointError(f"{self.path}: unreadable _quantization_metadata in its header ({exc}).")
+        for key in full:
+            if key.endswith(".comfy_quant"):
+                layer = key[: -len(".comfy_quant")]
+                with reading(self.path):
+                    raw = self._handle.get_tensor(full[key])
+                try:
+                    layers[layer] = json.loads(bytes(raw.to(torch.uint8).tolist()).decode("utf-8"))
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise CheckpointError(f"{self.path}: {key} is not the JSON ComfyUI writes there ({exc}).")
+        legacy = "scaled_fp8" in full
+        for key in full:
+            for suffix in _SCALE_SUFFIXES:
+                if key.endswith(suffix):
+                    layer = key[: -len(suffix)]
+                    if legacy and layer not in layers:
+                        layers[layer] = {"format": "float8_e4m3fn"}
+                    self.scales[layer + ".weight"] = key
+        for layer, conf in layers.items():
+            fmt = conf.get("format") if isinstance(conf, dict) else None
+            if fmt not in FP8_FORMATS:
+                raise CheckpointError(
+                    f"{self.path} is quantised as {fmt!r} (layer {layer}): only bf16/fp16/fp32 and FP8 "
+                    f"(float8_e4m3fn / float8_e5m2, scaled or not) native files can be read; pick the bf16 or "
+                    f"fp8_scaled file of this model.")
+            self.formats[layer + ".weight"] = fmt
+        for weight, scale in self.scales.items():
+            if weight not in self.formats:
+                raise CheckpointError(f"{self.path}: {scale} scales a layer its quantisation metadata does not name.")
+
+    def quantised(self) -> dict[str, str]:
+        """weight key -> format, for every quantised (or plainly FP8-stored) weight."""
+        out = dict(self.formats)
+        for key in self.keys - set(out):
+            if self.dtype(key) in FP8_DTYPES:
+                out[key] = "float8_e4m3fn" if self.dtype(key) == torch.float8_e4m3fn else "float8_e5m2"
+        return out
+
+    # -- reading -------------------------------------------------------------------------------------------------------
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._handle.get_slice(self._full[key]).get_shape())
+
+    def dtype(self, key: str) -> torch.dtype:
+        name = self._handle.get_slice(self._full[key]).get_dtype()
+        return _SAFETENSORS_DTYPES.get(name, torch.float32)
+
+    def get(self, key: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+        if key not in self.keys:
+            raise CheckpointError(f"{self.path} has no tensor {key}")
+        with reading(self.path):
+            tensor = self._handle.get_tensor(self._full[key]).to(device)
+        fmt = self.formats.get(key)
+        if fmt is not None or tensor.dtype in FP8_DTYPES:
+            want = FP8_FORMATS.get(fmt, tensor.dtype)
+            if tensor.dtype == torch.uint8:  # FP8 stored as bytes (older writers)
+                tensor = tensor.view(want)
+            if tensor.dtype not in FP8_DTYPES:
+                raise CheckpointError(f"{self.path}: {key} is marked {fmt} but stored as {tensor.dtype}.")
+            value = tensor.to(torch.float32)
+            if key in self.scales:
+                with reading(self.path):
+                    scale = self._handle.get_tensor(self._full[self.scales[key]]).to(device, torch.float32)
+                value = value * _broadcast_scale(self.path, key, scale, value)
+            return value.to(dtype or torch.bfloat16)
+        return tensor if dtype is None else tensor.to(dtype)
+
+    def close(self) -> None:
+        self._handle = None
+
+    def __enter__(self) -> "NativeFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8,
+                       "I8": torch.int8, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+
+
+def _broadcast_scale(path: Path, key: str, scale: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """A per-tensor scale (one value) or a per-output-channel one (dim 0 of the weight)."""
+    if scale.numel() == 1:
+        return scale.reshape(())
+    if scale.numel() == value.shape[0]:
+        return scale.reshape((-1,) + (1,) * (value.ndim - 1))
+    raise CheckpointError(f"{path}: the scale of {key} has {scale.numel()} values for a weight of shape "
+                          f"{tuple(value.shape)} (one, or one per output channel, expected).")
+
+
+def _common_prefix(path: Path, keys: Iterable[str], prefixes: Sequence[str]) -> str:
+    """The checkpoint prefix every key carries (one of `prefixes`), or "": a file where only some keys carry it is
+    refused (a mixed checkpoint holds other models' tensors)."""
+    keys = list(keys)
+    for prefix in prefixes:
+        carrying = [k for k in keys if k.startswith(prefix)]
+        if carrying and len(carrying) == len(keys):
+            return prefix
+        if carrying:
+            others = [k for k in keys if not k.startswith(prefix)]
+            raise CheckpointError(f"{path} mixes keys under {prefix!r} with others ({_first(others, 3)}): it holds "
+                                  "more than one model; pick the component's own file.")
+    return ""
