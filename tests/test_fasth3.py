@@ -517,3 +517,18 @@ def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):
             want = eager(*args, attention_plan=step_plan)
             got = compiled(*args, attention_plan=step_plan)
             assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+
+
+@pytest.mark.parametrize("policy", [dict(adaln="cache"), dict(placement="offload", resident_blocks=0)],
+                         ids=["adaln_cache", "offload"])
+def test_student_under_the_weight_policies_equals_resident(tiny_h3_dir, student, policy):
+    """The adapter is fused as the weights load, before the AdaLN cache takes the projections or the offload
+    placement homes the blocks on the host: both run the same student, bit for bit."""
+    from comfyui_h3.backend.runtime import WeightPolicy
+
+    def run(**weights):
+        return h3_config(str(tiny_h3_dir), dtype="float32", attention=SPEC, student=str(student[0]),
+                         weights=WeightPolicy(**weights)).build_pipeline(0).run(_t2va())
+
+    want, got = run(), run(**policy)
+    assert torch.equal(got.video_latents, want.video_latents) and torch.equal(got.audio_latents, want.audio_latents)
