@@ -476,18 +476,31 @@ def test_cli_fasth3_flag_reaches_the_engine_config(monkeypatch, student):
     assert all(c.options.student is None for c in engine_configs_for(monkeypatch, [], _t2va()))
 
 
-def test_cli_generate_with_the_tiny_student(tmp_path, tiny_h3_dir):
-    """`generate --fasth3 tiny --attention vsa` end to end on the tiny model: 4 steps, an MP4 out."""
-    import subprocess
-    import sys
+def test_cli_tiny_student_is_built_into_the_cache(tmp_path, monkeypatch):
+    from comfyui_h3.cli import _parser
+    from comfyui_h3.cli_generate import student_file
 
-    env = dict(os.environ, COMFYUI_H3_CACHE=str(tiny_h3_dir.parent), OMP_NUM_THREADS="1")
-    out = tmp_path / "fast.mp4"
-    done = subprocess.run([sys.executable, "-m", "comfyui_h3", "generate", "--prompt", "a fox", "--fasth3", "tiny",
-                           "--attention", "vsa", "--device", "cpu", "--width", "128", "--height", "64", "--out",
-                           str(out)], capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert out.is_file() and "4/4" in done.stderr
+    monkeypatch.setenv("COMFYUI_H3_CACHE", str(tmp_path))
+    path = student_file(_parser().parse_args(["generate", "--prompt", "x", "--fasth3", "tiny"]))
+    assert path == str(tmp_path / "tiny-fasth3" / "vsa-datafree" / "adapter_model.safetensors")
+    from comfyui_h3.backend.models.fasth3 import read_adapter
+
+    assert read_adapter(path).has_gates
+    assert student_file(_parser().parse_args(["generate", "--prompt", "x"])) is None
+
+
+def test_shipped_fasth3_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
+    """example_workflows/api/h3_fasth3_text_to_video.api.json through `run` (checked as ComfyUI checks a prompt):
+    the tiny model with the tiny student, VSA, schedule fasth3, 4 steps -> a 5-s MP4 with its sound."""
+    from test_cli import REPO, cli, streams
+
+    wf = os.path.join(REPO, "example_workflows", "api", "h3_fasth3_text_to_video.api.json")
+    out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path,
+              cache=tiny_h3_dir.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4/4" in out.stderr
+    (path,) = out.stdout.split()
+    assert path.endswith(".mp4") and streams(path) == (124, 24.0, 32000, 2)
 
 
 def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):
