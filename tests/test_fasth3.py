@@ -194,7 +194,10 @@ def test_files_and_folders_that_are_no_single_adapter(tiny_h3_dir, student, tmp_
 
 # -- the coarse branch and the schedule -------------------------------------------------------------------------------
 
-def test_coarse_branch_matches_the_float64_rule():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU: there the sparse steps run the Triton kernel (the CPU "
+                                          "case runs the same rule through the torch fallback)"))])
+def test_coarse_branch_matches_the_float64_rule(device):
     """vsa._attend with learned gates (sparse and dense steps) equals the rule's float64 reference; a zero gate
     adds nothing."""
     from comfyui_h3.backend.attention.vsa import _attend
@@ -207,16 +210,17 @@ def test_coarse_branch_matches_the_float64_rule():
     p = int(prefix.sum())
     s = p + int(sizes.sum())
     plan = VSAPlan(torch.arange(s), torch.arange(s), p, sizes, (5, 6, 7), VSASettings(topk=3), prefix_sizes=prefix)
-    qkvg = [torch.randn(1, s, 2, 32) for _ in range(4)]
+    qkvg = [torch.randn(1, s, 2, 32, device=device) for _ in range(4)]
     # bf16: the fine output is rounded once, then the sum once more (FastVideo rounds three times): <= 3e-3
     for dtype, bound in ((torch.float32, 1e-5), (torch.bfloat16, 3e-3)):
         q, k, v, gate = (x.to(dtype) for x in qkvg)
         for step in (plan, plan.dense()):
             topk = plan.topk if step.sparse else plan.num_tiles
-            want, _ = reference(q, k, v, p, sizes, topk, gate=gate, prefix_sizes=prefix)
-            got = _attend(q, k, v, step, gate)
+            host = [x.cpu() for x in (q, k, v)]
+            want, _ = reference(*host, p, sizes, topk, gate=gate.cpu(), prefix_sizes=prefix)
+            got = _attend(q, k, v, step, gate).cpu()
             assert got.dtype == dtype and rel_err(got, want) <= bound, (dtype, step.sparse)
-            plain, _ = reference(q, k, v, p, sizes, topk)
+            plain, _ = reference(*host, p, sizes, topk)
             assert rel_err(plain, want) > 0.05  # the branch matters
             assert torch.equal(_attend(q, k, v, step, torch.zeros_like(gate)), _attend(q, k, v, step))
     with pytest.raises(ValueError, match="need the request's VSA plan"):

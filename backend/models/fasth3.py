@@ -17,6 +17,7 @@ offending tensors.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -211,6 +212,7 @@ def fuse_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
             w = part.get("set", w)  # assigned last, as the release's reconstruction states
             param.copy_(w.to(param.dtype))
     model.vsa_gates = adapter.has_gates
+    logging.getLogger(__name__).info("FastH3 student fused: %s", adapter.describe())
 
 
 def check_adapter_for_folder(path: str | os.PathLike, transformer_dir: str | os.PathLike) -> Adapter:
