@@ -6,6 +6,8 @@ One side per process (each needs ~120 GiB: run them on two GPUs at once):
     CUDA_VISIBLE_DEVICES=0 python bench/e2e.py --side ours --seconds 5 --steps 50 --json ours.json
     CUDA_VISIBLE_DEVICES=1 python bench/e2e.py --side diffusers --seconds 5 --steps 50 --json diffusers.json
     python bench/e2e.py --tiny --side ours|diffusers       # tiny configs on the CPU: the script end to end
+    CUDA_VISIBLE_DEVICES=0 python bench/e2e.py --side ours --seconds 10 --fasth3 --json fasth3.json
+        # the FastH3 student's path: learned VSA gates (random), VSA top-k 0.1, 4 steps on its ladder
 
 Both sides: prompt -> decoded video frames + soundtrack in host memory (no MP4: encoding is the save stage, measured
 in bench/decode_stream.py). Each side first runs a warm-up request (`--warmup-steps`, default 2: CUDA context, cuDNN
@@ -140,10 +142,15 @@ def patch_our_loaders(device) -> None:
                 if name.startswith(FP32_MODULE_PREFIXES):
                     p.data = p.data.float()
         model.rope_inv_freq = model.rope_inv_freq.to(dev, torch.float32)
+        if adapter is not None:  # --fasth3: random learned VSA gates (the adapter file only marks the student)
+            with torch.no_grad():
+                for block in model.transformer_blocks:
+                    block.attn.add_gate(torch.empty_like(block.attn.to_q.weight).normal_(0.0, 0.02))
+            model.vsa_gates = True
         if fuse:
             model.fuse_projections()
         if storage in ("fp8", "fp8_emulated"):
-            for block in model.blocks:
+            for block in model.transformer_blocks:
                 block.use_fp8_gemms(emulate=storage == "fp8_emulated")
         return model.eval().requires_grad_(False)
 
@@ -166,14 +173,20 @@ def run_ours(args, folder, device) -> dict:
     patch_our_loaders(device)
     weights = WeightPolicy(adaln="cache" if args.adaln_cache else "direct", storage="fp8" if args.fp8 else "compute")
     compile_ = "off" if args.no_compile or device.type != "cuda" else "on"
+    attention, student = "sdpa", None
+    if args.fasth3:  # the student's path: gates in every block, VSA, the 4-step ladder
+        from comfyui_h3.backend.attention.vsa import spec
+        from comfyui_h3.tiny_model import ensure_tiny_student
+
+        attention, student = spec(args.vsa_topk, 0), str(ensure_tiny_student())
     t0 = time.perf_counter()
     pipe = h3_config(folder, dtype=args.dtype, vae_dtype=args.dtype, compile=compile_, device=str(device),
-                     weights=weights).build_pipeline(0)
+                     weights=weights, attention=attention, student=student).build_pipeline(0)
     build_s = time.perf_counter() - t0
 
     def request(steps):
         return H3Request(prompt=PROMPT, num_frames=args.frames, steps=steps, seed=42, width=args.width,
-                         height=args.height)
+                         height=args.height, schedule="fasth3" if args.fasth3 else "default")
 
     t0 = time.perf_counter()
     pipe.run(request(args.warmup_steps))
@@ -191,6 +204,7 @@ def run_ours(args, folder, device) -> dict:
             "video": list(video.shape), "video_dtype": str(video.dtype),
             "audio": list(result.audio.shape) if getattr(result, "audio", None) is not None else None,
             "weights": {"adaln": weights.adaln, "storage": weights.storage, "compile": compile_},
+            "attention": attention, "fasth3": bool(args.fasth3),
             "manifest": manifest}
 
 
@@ -303,8 +317,15 @@ def main() -> None:
     ap.add_argument("--no-adaln-cache", dest="adaln_cache", action="store_false")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="tiny configs on the CPU")
+    ap.add_argument("--fasth3", action="store_true",
+                    help="ours: the FastH3 student's path (random learned VSA gates in every block, attention vsa "
+                         "with --vsa-topk and no dense steps, the 4-step fasth3 schedule: --steps and "
+                         "--warmup-steps become 4)")
+    ap.add_argument("--vsa-topk", type=float, default=0.1, help="--fasth3: video tiles each video tile attends")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.fasth3 and args.side != "ours":
+        ap.error("--fasth3 runs our side only (diffusers has no FastH3 student)")
     from comfyui_h3.backend.pipelines.h3.geometry import frames_for_seconds
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
@@ -313,6 +334,8 @@ def main() -> None:
         args.steps, args.warmup_steps = min(args.steps, 3), 2
     else:
         args.width, args.height = 1344, 768
+    if args.fasth3:
+        args.steps = args.warmup_steps = 4
     args.frames = frames_for_seconds(args.seconds)
     root = tempfile.mkdtemp(prefix="h3-e2e-")
     try:
