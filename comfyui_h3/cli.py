@@ -61,7 +61,26 @@ def resolve_device(name: str) -> str:
 
 
 def _model_option(p) -> None:
-    p.add_argument("--model", default="tiny", help="MiniMax-H3 diffusers folder, or 'tiny' (built-in, makes noise).")
+    p.add_argument("--model", default="tiny",
+                   help="MiniMax-H3 diffusers folder, 'tiny' (built-in, makes noise), or 'release': no folder, the "
+                        "single-file options below with the release's configs (needs --tokenizer).")
+    p.add_argument("--transformer", default=None, metavar="FILE",
+                   help="ComfyUI's native single-file DiT for text / keyframes to video and edit (e.g. "
+                        "minimax_h3_fl2va_bf16.safetensors; bf16, or FP8 scaled or not), instead of the folder's "
+                        "transformer/.")
+    p.add_argument("--transformer-ref", default=None, metavar="FILE",
+                   help="The native DiT for references and extend (minimax_h3_ref2va_*.safetensors), instead of "
+                        "transformer_ref/.")
+    p.add_argument("--text-encoder", default=None, metavar="FILE",
+                   help="The native text encoder file (qwen3vl_32b_minimax_h3_bf16.safetensors), instead of "
+                        "text_encoder/.")
+    p.add_argument("--vae", default=None, metavar="FILE",
+                   help="The native video VAE file (minimax_h3_video_vae_*.safetensors), instead of vae/.")
+    p.add_argument("--audio-vae", default=None, metavar="FILE",
+                   help="The native audio VAE file (minimax_h3_audio_vae_*.safetensors), instead of audio_vae/.")
+    p.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="With --model release: a Qwen tokenizer folder (vocab.json, merges.txt, "
+                        "tokenizer_config.json), e.g. ComfyUI/comfy/text_encoders/qwen25_tokenizer.")
     p.add_argument("--adaln-cache", action="store_true",
                    help="Hold each step's AdaLN modulation tables on the device and the AdaLN projection weights "
                         "(~24 GB of the released model) in host memory; same output bit for bit.")
@@ -320,6 +339,16 @@ def _make_tiny(args) -> int:
     return 0
 
 
+def _model_folder(args) -> str:
+    """--model as a folder: 'release' (the release's configs, for single files; with --tokenizer), or as
+    _resolve_model."""
+    if args.model == "release":
+        from .native_setup import release_model_dir
+
+        return release_model_dir(getattr(args, "tokenizer", None))
+    return _resolve_model(args.model)
+
+
 def _resolve_model(name: str) -> str:
     if name == "tiny":
         from .tiny_model import ensure_tiny_model
@@ -336,14 +365,14 @@ def _generate(args) -> int:
     from .cli_generate import generate
 
     args.device = resolve_device(args.device)
-    return generate(args, lambda: _resolve_model(args.model))
+    return generate(args, lambda: _model_folder(args))
 
 
 def _edit(args) -> int:
     from .cli_edit import edit
 
     args.device = resolve_device(args.device)
-    return edit(args, lambda: _resolve_model(args.model))
+    return edit(args, lambda: _model_folder(args))
 
 
 def _extend(args) -> int:
@@ -353,7 +382,7 @@ def _extend(args) -> int:
     args.device = resolve_device(args.device)
     if args.window_seconds is not None:
         args.window_frames = frames_for_seconds(args.window_seconds)
-    return extend(args, lambda: _resolve_model(args.model))
+    return extend(args, lambda: _model_folder(args))
 
 
 def _upscale(args) -> int:

@@ -135,6 +135,15 @@ def student_file(args) -> str | None:
     return student
 
 
+NATIVE_FILE_FLAGS = {"transformer": "transformer", "transformer_ref": "transformer_ref",
+                     "text_encoder": "text_encoder", "vae": "vae", "audio_vae": "audio_vae"}  # engine part -> arg
+
+
+def native_file_args(args) -> dict[str, str]:
+    """--transformer / --transformer-ref / --text-encoder / --vae / --audio-vae -> {component: file} (given ones)."""
+    return {part: getattr(args, flag) for part, flag in NATIVE_FILE_FLAGS.items() if getattr(args, flag, None)}
+
+
 def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
     """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
     and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept).
@@ -151,7 +160,8 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     placement, resident = parse_resident_blocks(getattr(args, "resident_blocks", "all"))
     weights = dataclasses.replace(weights, placement=placement, resident_blocks=resident)
     engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights,
-                                  attention=attention_name(args), student=student_file(args)))
+                                  attention=attention_name(args), student=student_file(args),
+                                  files=native_file_args(args)))
     reporter = services.ProgressReporter(request.steps, desc=desc)
     stop = {"flag": False}
 

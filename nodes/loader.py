@@ -11,6 +11,7 @@ from ..backend.engine_config import DTYPES
 from ..backend.pipelines.h3.family import h3_config
 from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
 from ..backend.runtime import WeightPolicy
+from ..native_setup import COMPONENTS as NATIVE_COMPONENTS, NATIVE_ONLY, release_model_dir
 from ..tiny_model import TINY_NAME, TINY_STUDENT_NAME, ensure_tiny_model, ensure_tiny_student
 from ..types import H3EngineHandle
 from .widgets import DEVICE_INPUT, GPUS_INPUT, attention_input, check_device, cuda_available
@@ -33,10 +34,11 @@ class H3ModelLoader:
         services.register_h3_model_folder()
         return {
             "required": {
-                "model": ([TINY_NAME] + services.h3_model_dirs(), {
+                "model": ([TINY_NAME] + services.h3_model_dirs() + [NATIVE_ONLY], {
                     "tooltip": "A MiniMax-H3 diffusers folder under models/minimax_h3, models/diffusers or "
                                "models/diffusion_models (extra_model_paths.yaml included). The built-in tiny model "
-                               "runs anywhere but makes noise-like video."}),
+                               "runs anywhere but makes noise-like video. 'none': every part from ComfyUI's native "
+                               "single files (the file inputs below), with the release's configs."}),
                 **DEVICE_INPUT,
                 "dtype": (list(DTYPES), {
                     "default": "bfloat16",
@@ -93,6 +95,7 @@ class H3ModelLoader:
                                "fused into the transformer at load. Then sample text-to-video with schedule fasth3 "
                                "and 4 steps. The vsa-datafree variant carries learned gates and needs attention vsa. "
                                "The tiny student goes with the tiny model."}),
+                **native_file_inputs(),
             },
         }
 
@@ -104,15 +107,19 @@ class H3ModelLoader:
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
              adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None,
-             student="none"):
+             student="none", **files):
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}.")
         placement, resident = parse_resident_blocks(resident_blocks)
         if attention == "vsa":  # its settings travel in the backend's name ("vsa:topk=..,dense=..")
             attention = vsa_spec(VSA_DEFAULTS.topk if vsa_topk is None else vsa_topk,
                                  VSA_DEFAULTS.dense_steps if vsa_dense_steps is None else vsa_dense_steps)
+        files = {c: services.resolve_native_file(c, files[c]) for c in NATIVE_COMPONENTS
+                 if files.get(c) not in (None, "", services.FROM_FOLDER)}
         if model == TINY_NAME:
             path = str(ensure_tiny_model())
+        elif model == NATIVE_ONLY:
+            path = release_model_dir()
         else:
             path = services.resolve_h3_model(model)
         adapter = None
@@ -127,11 +134,33 @@ class H3ModelLoader:
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
                               executor=executor, ray_address=(ray_address or "").strip(), student=adapter,
+                              files=files,
                               weights=WeightPolicy(adaln="cache" if adaln_cache else "direct",
                                                    storage=WEIGHT_FORMATS[weights],
                                                    placement=placement, resident_blocks=resident))
         config.validate()
         return (H3EngineHandle(config),)
+
+
+NATIVE_FILE_HELP = {
+    "transformer": "the DiT for text / keyframes to video and H3 Edit (the native fl2va file) from "
+                   "models/diffusion_models",
+    "transformer_ref": "the DiT for references and H3 Extend (the native ref2va file) from models/diffusion_models",
+    "text_encoder": "the Qwen3-VL conditioner (qwen3vl_32b_minimax_h3_*) from models/text_encoders",
+    "vae": "the video VAE (minimax_h3_video_vae_*) from models/vae",
+    "audio_vae": "the audio VAE (minimax_h3_audio_vae_*) from models/vae",
+}
+
+
+def native_file_inputs() -> dict:
+    """One combo per component: the model folder's weights, or a ComfyUI native single file (bf16 / fp16 / fp32, or
+    FP8 scaled or not) from the folder ComfyUI keeps it in (extra_model_paths.yaml included)."""
+    return {c: ([services.FROM_FOLDER] + services.native_files(c), {
+        "default": services.FROM_FOLDER,
+        "tooltip": f"Weights of {NATIVE_FILE_HELP[c]}: a ComfyUI single file (as the native MiniMax-H3 loaders "
+                   f"read it), or '{services.FROM_FOLDER}'. Files and a folder mix freely: the folder (or, with "
+                   f"model 'none', the release's configs) gives the configs and tokenizer."})
+        for c in NATIVE_COMPONENTS}
 
 
 def resolve_devices(device: str, degree: int, gpus: str) -> tuple[str, int]:

@@ -141,6 +141,13 @@ def find_shards(folder: str | os.PathLike) -> dict[Path, list[str] | None]:
     raise CheckpointError(f"No safetensors weights in {folder}")
 
 
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` in memory aligned to 64 bytes (a copy only when it is not). safetensors hands out CPU tensors at the
+    file's byte offsets, and the CPU GEMM kernels round differently with unaligned operands (single-row products
+    differ in the last bit), so the same weights read from two files would compute differently."""
+    return tensor.clone() if tensor.device.type == "cpu" and tensor.data_ptr() % 64 else tensor
+
+
 def load_into(
     module: torch.nn.Module,
     folder: str | os.PathLike,
@@ -175,7 +182,7 @@ def load_into(
                     )
                 if dtype_for is not None:
                     tensor = tensor.to(dtype_for(key, tensor.dtype))
-                state[key] = tensor
+                state[key] = aligned(tensor)
                 seen.add(key)
             module.load_state_dict(state, strict=False, assign=True)
     missing = set(expected) - seen

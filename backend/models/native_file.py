@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 import torch
 from safetensors import safe_open
 
-from .checkpoint import CheckpointError, _first, reading
+from .checkpoint import CheckpointError, _first, aligned, reading
 
 FP8_FORMATS = {"float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 FP8_DTYPES = tuple(FP8_FORMATS.values())
@@ -50,6 +50,7 @@ class NativeFile:
         self._full = full
         self.scales: dict[str, str] = {}  # weight key -> its scale tensor's key
         self.formats: dict[str, str] = {}  # weight key -> quantisation format
+        self.unsupported: str | None = None  # why the file cannot be dequantised here (require_supported)
         self._read_quantisation(full)
         aux = {k for k in full if k == "scaled_fp8" or k.endswith(_SCALE_SUFFIXES + _IGNORED_SUFFIXES)}
         self.keys: set[str] = set(full) - aux
@@ -82,14 +83,20 @@ class NativeFile:
         for layer, conf in layers.items():
             fmt = conf.get("format") if isinstance(conf, dict) else None
             if fmt not in FP8_FORMATS:
-                raise CheckpointError(
+                self.unsupported = self.unsupported or (
                     f"{self.path} is quantised as {fmt!r} (layer {layer}): only bf16/fp16/fp32 and FP8 "
                     f"(float8_e4m3fn / float8_e5m2, scaled or not) native files can be read; pick the bf16 or "
                     f"fp8_scaled file of this model.")
+                continue
             self.formats[layer + ".weight"] = fmt
         for weight, scale in self.scales.items():
-            if weight not in self.formats:
+            if weight not in self.formats and not self.unsupported:
                 raise CheckpointError(f"{self.path}: {scale} scales a layer its quantisation metadata does not name.")
+
+    def require_supported(self) -> None:
+        """Raise the CheckpointError of a quantisation this reader cannot dequantise (int8, nvfp4, ...)."""
+        if self.unsupported:
+            raise CheckpointError(self.unsupported)
 
     def quantised(self) -> dict[str, str]:
         """weight key -> format, for every quantised (or plainly FP8-stored) weight."""
@@ -108,6 +115,7 @@ class NativeFile:
         return _SAFETENSORS_DTYPES.get(name, torch.float32)
 
     def get(self, key: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+        self.require_supported()
         if key not in self.keys:
             raise CheckpointError(f"{self.path} has no tensor {key}")
         with reading(self.path):
@@ -124,8 +132,8 @@ class NativeFile:
                 with reading(self.path):
                     scale = self._handle.get_tensor(self._full[self.scales[key]]).to(device, torch.float32)
                 value = value * _broadcast_scale(self.path, key, scale, value)
-            return value.to(dtype or torch.bfloat16)
-        return tensor if dtype is None else tensor.to(dtype)
+            return aligned(value.to(dtype or torch.bfloat16))
+        return aligned(tensor if dtype is None else tensor.to(dtype))
 
     def close(self) -> None:
         self._handle = None

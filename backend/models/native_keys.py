@@ -142,7 +142,7 @@ def _build(our_keys: Iterable[str], renames: Sequence[tuple[str, str]],
     return links, drop
 
 
-# -- the DiT (MiniMaxH3Model; ComfyUI strips "model.diffusion_model.") --------------------------------------------------
+# -- the DiT (MiniMaxH3Model; ComfyUI strips "model.diffusion_model.") -------------------------------------------------
 
 _DIT_RENAMES = (
     (r"^proj_in\.", "video_patch_proj."),
@@ -196,7 +196,7 @@ def text_encoder_map(our_keys: Iterable[str], layers: int) -> KeyMap:
     return KeyMap(links, dropped=drop)
 
 
-# -- the video VAE (MiniMaxH3VideoVAE) ----------------------------------------------------------------------------------
+# -- the video VAE (MiniMaxH3VideoVAE) ---------------------------------------------------------------------------------
 
 _VAE_RENAMES = (
     (r"^encoder\.down_blocks\.(\d+)\.resnets\.", r"encoder.down.\1.block."),
@@ -222,7 +222,7 @@ def video_vae_map(our_keys: Iterable[str], decoder_heads: int) -> KeyMap:
     return KeyMap(links, extras=extras, optional=frozenset(extras))
 
 
-# -- the audio VAE (MiniMaxH3AudioVAE) ----------------------------------------------------------------------------------
+# -- the audio VAE (MiniMaxH3AudioVAE) ---------------------------------------------------------------------------------
 
 def audio_vae_map(our_keys: Iterable[str]) -> KeyMap:
     """AutoencoderKLMiniMaxH3Audio's keys, with its weight norms folded into plain `weight`s (the native file stores

@@ -18,11 +18,12 @@ from typing import Callable, Mapping
 
 import torch
 
-from .checkpoint import CheckpointError, _first, meta_shapes, reading
+from .checkpoint import CheckpointError, _first, aligned, meta_shapes, reading
 from .native_file import NativeFile
 from .native_keys import NATIVE_PREFIXES, KeyMap, audio_vae_map, text_encoder_map, transformer_map, video_vae_map
 
-__all__ = ["native_kind", "check_native_file", "transformer_config_from_native", "load_native_transformer",
+__all__ = ["native_kind", "native_file_kind", "check_native_file", "native_heads", "transformer_config_from_native",
+           "load_native_transformer",
            "load_native_text_encoder", "load_native_vae", "load_native_audio_vae", "fold_weight_norm", "KINDS"]
 
 KINDS = {"transformer": "diffusion model (DiT)", "text_encoder": "text encoder (Qwen3-VL)",
@@ -61,12 +62,37 @@ def _open(path, kind: str) -> NativeFile:
                                   "diffusers folder it belongs to as the model instead.")
         raise CheckpointError(f"{nf.path} is not a native MiniMax-H3 {KINDS[kind]} file (none of its keys are; "
                               f"first keys: {_first(nf.keys, 3)}).")
+    nf.require_supported()
     return nf
 
 
 def check_native_file(path, kind: str) -> None:
     """The file is a native `kind` file (header only; the keys against the config are checked at load)."""
     _open(path, kind).close()
+
+
+def native_file_kind(path) -> str | None:
+    """What a safetensors file is, as a native MiniMax-H3 component (header only), or None; never raises."""
+    try:
+        with NativeFile(path) as nf:
+            keys = nf.keys
+            for kind, prefixes in NATIVE_PREFIXES.items():
+                for prefix in prefixes:
+                    if keys and all(k.startswith(prefix) for k in keys):
+                        keys = {k[len(prefix):] for k in keys}
+                        break
+            return native_kind(keys)
+    except (CheckpointError, OSError, ValueError):
+        return None
+
+
+def native_heads(path) -> int:
+    """The attention heads of a native DiT file (header only)."""
+    with _open(path, "transformer") as nf:
+        missing = [k for k in ("blocks.0.attn.qkv_proj.weight", "blocks.0.attn.q_norm.weight") if k not in nf.keys]
+        if missing:
+            raise CheckpointError(f"{nf.path} is missing DiT weights (a partial or damaged file?): {_first(missing)}")
+        return nf.shape("blocks.0.attn.qkv_proj.weight")[0] // (3 * nf.shape("blocks.0.attn.q_norm.weight")[0])
 
 
 def _check_keys(nf: NativeFile, km: KeyMap, expected: Mapping[str, tuple], what: str, config: str) -> None:
@@ -91,7 +117,7 @@ def _count(keys, prefix: str) -> int:
     return max(found) + 1 if found else 0
 
 
-# -- the DiT ------------------------------------------------------------------------------------------------------------
+# -- the DiT -----------------------------------------------------------------------------------------------------------
 
 def transformer_config_from_native(nf: NativeFile, base):
     """An H3TransformerConfig for the file: widths and depths from its shapes, the rest from `base`."""
@@ -158,13 +184,14 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
                 return stored
             return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
-        state = {key: t.to(dtype_for(key, t.dtype)) for key, t in km.from_native(lambda k: nf.get(k, None, device))}
+        state = {key: aligned(t.to(dtype_for(key, t.dtype)))
+                 for key, t in km.from_native(lambda k: nf.get(k, None, device))}
         model.load_state_dict(state, strict=True, assign=True)
     del state
     return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
 
 
-# -- the text encoder ---------------------------------------------------------------------------------------------------
+# -- the text encoder --------------------------------------------------------------------------------------------------
 
 def load_native_text_encoder(path, config_folder: str | os.PathLike, dtype: torch.dtype, layers: int):
     """Qwen3VLForConditionalGeneration with `layers` decoder layers from a native conditioner file, its final norm
@@ -202,7 +229,7 @@ def load_native_text_encoder(path, config_folder: str | os.PathLike, dtype: torc
     return model
 
 
-# -- the VAEs -----------------------------------------------------------------------------------------------------------
+# -- the VAEs ----------------------------------------------------------------------------------------------------------
 
 def fold_weight_norm(module: torch.nn.Module) -> torch.nn.Module:
     """Replace every (old-style) weight norm of `module` by the plain weight it computes (what the native audio VAE
@@ -255,7 +282,7 @@ def _load_vae(cls, path, kind: str, config_folder, dtype: torch.dtype, make_map:
                 return stored
             return torch.float32 if dtype != torch.float32 and _fp32_kept(cls, key) else dtype
 
-        state = {k: t.to(target(k, t.dtype)) for k, t in km.from_native(lambda k: nf.get(k, None))}
+        state = {k: aligned(t.to(target(k, t.dtype))) for k, t in km.from_native(lambda k: nf.get(k, None))}
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 

@@ -19,6 +19,9 @@ import torch
 
 from ...models.checkpoint import CheckpointError, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
+from ...models.native_load import (check_native_file, load_native_audio_vae, load_native_text_encoder,
+                                   load_native_transformer, load_native_vae)
+from .release_config import is_release_folder
 from .adaln_cache import AdaLNCache
 from .conditioning import ConditionEncoder
 from .offload import TEXT_LAYERS, StageResidency
@@ -35,16 +38,20 @@ TASK_PARTITION = {"t2va": "transformer", "fl2va": "transformer", "ref2va": "tran
                   "extend": "transformer_ref"}
 
 
-def check_model_folder(folder: str | os.PathLike) -> Path:
-    """Raise CheckpointError naming what is missing; return the resolved folder."""
+def check_model_folder(folder: str | os.PathLike, files: dict[str, str] | None = None) -> Path:
+    """Raise CheckpointError naming what is missing; return the resolved folder. `files`: components given as
+    ComfyUI native single files (models/native_load.py): their weights come from the file, not the folder."""
+    files = files or {}
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise CheckpointError(f"MiniMax-H3 model folder not found: {path}")
     missing = [name for name in REQUIRED if not (path / name).is_dir()]
-    if not any((path / p).is_dir() for p in ("transformer", "transformer_ref")):
+    if not any((path / p).is_dir() or p in files for p in ("transformer", "transformer_ref")):
         missing.append("transformer/ or transformer_ref/")
     if missing:
         raise CheckpointError(f"{path} is not a MiniMax-H3 diffusers folder: missing {', '.join(missing)}")
+    for name, file in files.items():
+        check_native_file(file, "transformer" if name.startswith("transformer") else name)
     # Everything below reads only configs and safetensors headers: a broken file is named before a weight loads.
     for config in sorted(path.glob("*.json")):
         read_json(config)
@@ -52,9 +59,14 @@ def check_model_folder(folder: str | os.PathLike) -> Path:
         for config in sorted((path / name).glob("*.json")) if (path / name).is_dir() else ():
             read_json(config)
     for name in WEIGHTED:
-        if (path / name).is_dir():
+        if (path / name).is_dir() and name not in files:
             read_json(path / name / "config.json")  # a weights folder without its config is named here
+            if is_release_folder(path):  # the shipped configs hold no weights: this component needs its file
+                raise CheckpointError(f"No {name} weights: pick its ComfyUI single file (--{name.replace('_', '-')} "
+                                      "FILE, or the loader's file input), or a MiniMax-H3 diffusers folder.")
             stored_shapes(path / name)  # absent / pickle-only weights, truncated or corrupt shards, short indexes
+        elif name in files and name not in ("transformer", "transformer_ref"):
+            read_json(path / name / "config.json")  # a single file takes its config from the folder
     for name in ("tokenizer", "processor"):
         if not any(all((path / name / f).is_file() for f in files) for files in TOKENIZER_FILES):
             raise CheckpointError(f"{path / name / 'tokenizer.json'} is missing (the tokenizer needs tokenizer.json, "
@@ -152,6 +164,7 @@ class EngineOptions:
     adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
     weight_storage: str = "compute"  # WeightPolicy.storage: "fp8" quantises the DiT blocks' GEMM weights at load
     student: str | None = None  # a FastH3 adapter file, fused into transformer/ at load (models/fasth3.py)
+    files: tuple = ()  # (component, native single file) pairs replacing the folder's weights (models/native_load.py)
 
 
 class H3Components:
@@ -159,7 +172,8 @@ class H3Components:
         from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
         from transformers import AutoProcessor, AutoTokenizer
 
-        self.folder = check_model_folder(folder)
+        self.files = dict(options.files)
+        self.folder = check_model_folder(folder, self.files)
         self.options = options
         self.device = torch.device(options.device)
         # The schedules' default shifts (a request's None): the folder's scheduler configs, as the reference reads them.
@@ -167,11 +181,19 @@ class H3Components:
         # Offload placement: the big models live in host memory and visit the device (pipelines/h3/offload.py).
         self.residency = StageResidency(self.device) if options.placement == "offload" else None
         f = self.folder
-        self.vae = _load_diffusers(AutoencoderKLMiniMaxH3, "vae", f / "vae", options.vae_dtype)
-        self.audio_vae = _load_diffusers(AutoencoderKLMiniMaxH3Audio, "audio_vae", f / "audio_vae", options.vae_dtype)
+        files = self.files
+        self.vae = (load_native_vae(files["vae"], f / "vae", options.vae_dtype) if "vae" in files
+                    else _load_diffusers(AutoencoderKLMiniMaxH3, "vae", f / "vae", options.vae_dtype))
+        self.audio_vae = (load_native_audio_vae(files["audio_vae"], f / "audio_vae", options.vae_dtype)
+                          if "audio_vae" in files else
+                          _load_diffusers(AutoencoderKLMiniMaxH3Audio, "audio_vae", f / "audio_vae", options.vae_dtype))
         # Under sequence parallelism only rank 0 holds the text encoder (~50 GB of Qwen3-VL in bf16 for the
         # release) and broadcasts the embeddings; the other ranks keep that memory for the DiT.
-        text_model = load_text_encoder(f / "text_encoder", options.dtype) if options.load_text_encoder else None
+        text_model = None
+        if options.load_text_encoder:
+            text_model = (load_native_text_encoder(files["text_encoder"], f / "text_encoder", options.dtype,
+                                                   TEXT_LAYER) if "text_encoder" in files
+                          else load_text_encoder(f / "text_encoder", options.dtype))
         self._place("vae", self.vae.eval().requires_grad_(False))
         self._place("audio_vae", self.audio_vae.eval().requires_grad_(False))
         self.text = None
@@ -236,7 +258,8 @@ class H3Components:
                        audio_shift=self.audio_shift if req.audio_shift is None else req.audio_shift)
 
     def has_partition(self, task: str) -> bool:
-        return (self.folder / TASK_PARTITION[task]).is_dir()
+        name = TASK_PARTITION[task]
+        return name in self.files or (self.folder / name).is_dir()
 
     def carries_student(self, task: str) -> bool:
         """Whether the DiT that runs `task` has the FastH3 student fused in (only transformer/ gets it)."""
@@ -245,7 +268,7 @@ class H3Components:
     def transformer_for(self, task: str) -> H3Transformer:
         name = TASK_PARTITION[task]
         if name not in self._dits:
-            if not (self.folder / name).is_dir():
+            if not self.has_partition(task):
                 raise CheckpointError(f"Task {task} needs {self.folder / name}/, which this model folder lacks.")
             # One 33B partition at a time on a GPU: drop the other before loading (62 GB each in bf16).
             if self.device.type == "cuda":
@@ -255,19 +278,28 @@ class H3Components:
             if self.residency is not None:  # offload: loaded on the host, blocks homed there (pinned)
                 if self.device.type == "cuda":
                     self.residency.detach_dits()  # the dropped partition's pinned blocks go first
-                dit = load_h3_transformer(self.folder / name, "cpu", self.options.dtype, self.options.attention,
-                                          adapter=self._student(name))
+                dit = self._load_dit(name, "cpu", "compute")
                 self.residency.attach_dit(dit, self.options.weight_storage,
                                           ("adaln_proj.",) if self.options.adaln == "cache" else ())
             else:
-                dit = load_h3_transformer(self.folder / name, self.device, self.options.dtype, self.options.attention,
-                                          storage=self.options.weight_storage, adapter=self._student(name))
+                dit = self._load_dit(name, self.device, self.options.weight_storage)
             if self.options.compile_blocks:
                 compile_blocks(dit)
             if self.options.adaln == "cache":
                 self._adaln[name] = AdaLNCache(dit)  # moves the projection weights to host memory now
             self._dits[name] = dit
         return self._dits[name]
+
+    def _load_dit(self, name: str, device, storage: str) -> H3Transformer:
+        """A DiT partition from its native single file (the folder's config, when it has one, for what the file's
+        shapes do not say) or from the folder."""
+        if name in self.files:
+            config = self.folder / name / "config.json"
+            return load_native_transformer(self.files[name], config if config.is_file() else None, device,
+                                           self.options.dtype, self.options.attention, storage=storage,
+                                           adapter=self._student(name))
+        return load_h3_transformer(self.folder / name, device, self.options.dtype, self.options.attention,
+                                   storage=storage, adapter=self._student(name))
 
     def _student(self, partition: str) -> str | None:
         return self.options.student if partition == "transformer" else None

@@ -17,18 +17,28 @@ class H3Options:
     compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
     reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
     student: str | None = None  # a FastH3 adapter file fused into transformer/ at load (models/fasth3.py)
+    files: tuple = ()  # sorted (component, path) pairs: ComfyUI native single files replacing the folder's weights
+
+
+NATIVE_COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae")
 
 
 def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "float32", compile: str = "auto",
-              reference_image_short_edge: int | None = None, student: str | None = None, **engine) -> EngineConfig:
+              reference_image_short_edge: int | None = None, student: str | None = None,
+              files: dict[str, str] | None = None, **engine) -> EngineConfig:
     """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `student`: a
-    FastH3 adapter file (or its folder); `engine`: EngineConfig's own fields (device, world_size, executor,
-    ray_address, attention, cpu_threads, ...)."""
+    FastH3 adapter file (or its folder); `files`: {component: ComfyUI native single file} for components whose
+    weights come from such a file (NATIVE_COMPONENTS; the folder gives their configs); `engine`: EngineConfig's own
+    fields (device, world_size, executor, ray_address, attention, cpu_threads, ...)."""
     if student:
         from ...models.fasth3 import resolve_adapter_file
 
         student = str(resolve_adapter_file(student).resolve())
-    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None)
+    unknown = sorted(set(files or {}) - set(NATIVE_COMPONENTS))
+    if unknown:
+        raise ValueError(f"Unknown component(s) {unknown} for single files; use {', '.join(NATIVE_COMPONENTS)}.")
+    pairs = tuple(sorted((k, os.path.abspath(os.path.expanduser(v))) for k, v in (files or {}).items() if v))
+    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None, pairs)
     return EngineConfig("h3", options, compute_dtype=dtype, **engine)
 
 
@@ -45,10 +55,31 @@ class H3Family:
             raise ValueError(f"compile must be 'auto', 'on' or 'off', got {o.compile!r}.")
         if not os.path.isdir(o.model_dir):
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {o.model_dir}")
-        self._check_heads_split(o.model_dir, config.world_size)
+        self._check_files(o)
+        self._check_heads_split(o.model_dir, config.world_size, dict(o.files))
         self._check_fp8(config)
         if o.student:
             self._check_student(config)
+
+    @staticmethod
+    def _check_files(o: H3Options) -> None:
+        """Each single file exists and is the native file of its component (its header only)."""
+        from ...models.native_load import check_native_file
+        from .release_config import is_release_folder
+
+        files = dict(o.files)
+        if is_release_folder(o.model_dir):  # no diffusers folder: every part needs its file
+            missing = [c for c in ("text_encoder", "vae", "audio_vae") if c not in files]
+            if not any(p in files for p in ("transformer", "transformer_ref")):
+                missing.insert(0, "transformer (or transformer_ref)")
+            if missing:
+                raise ValueError(f"Without a diffusers folder every part comes from a single file; missing: "
+                                 f"{', '.join(missing)}.")
+        for name, path in o.files:
+            check_native_file(path, "transformer" if name.startswith("transformer") else name)
+        if o.student and "transformer" in dict(o.files):
+            raise ValueError("The FastH3 student is fused into transformer/ of a diffusers folder; a native DiT file "
+                             "is not supported with it.")
 
     @staticmethod
     def _check_student(config: EngineConfig) -> None:
@@ -86,16 +117,21 @@ class H3Family:
                              "dtype bfloat16, or bf16 weights.")
 
     @staticmethod
-    def _check_heads_split(model_dir: str, degree: int) -> None:
+    def _check_heads_split(model_dir: str, degree: int, files: dict | None = None) -> None:
         """Ulysses splits attention heads over the ranks: refuse a degree that does not divide them, before any
         weight moves (the release's 56 heads allow 1, 2, 4, 7, 8). The one home of this rule."""
         from ...models.checkpoint import CheckpointError, read_json
 
         for part in ("transformer", "transformer_ref"):
             path = os.path.join(model_dir, part, "config.json")
-            if not os.path.isfile(path):
+            if part in (files or {}):
+                from ...models.native_load import native_heads
+
+                path, heads = files[part], native_heads(files[part])
+            elif not os.path.isfile(path):
                 continue
-            heads = read_json(path).get("num_attention_heads", 56)  # a broken config is an error naming it
+            else:
+                heads = read_json(path).get("num_attention_heads", 56)  # a broken config is an error naming it
             if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
                 raise CheckpointError(f"{path}: num_attention_heads must be a positive integer, got {heads!r}.")
             if heads % degree:
@@ -107,7 +143,9 @@ class H3Family:
         """Upper bound of what a rank holds: the folder's weight files (every rank holds the DiT partitions and
         VAEs; rank 0 also the text encoder, counted for all)."""
         total = 0
-        for path in Path(config.options.model_dir).glob("*/*.safetensors"):
+        files = dict(config.options.files)
+        paths = [p for p in Path(config.options.model_dir).glob("*/*.safetensors") if p.parent.name not in files]
+        for path in paths + [Path(p) for p in files.values()]:
             try:
                 total += path.stat().st_size
             except OSError:
@@ -136,6 +174,7 @@ class H3Family:
             resident_blocks=runtime.weights.resident_blocks,
             weight_storage=runtime.weights.storage,
             student=options.student,
+            files=options.files,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
 
