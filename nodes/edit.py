@@ -11,6 +11,7 @@ from ..backend.pipelines.h3.editing import AUDIO_MODES, PRESETS
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
+from . import native_latent_io as native_io
 from .adapters import audio_to_waveform, waveform_to_audio
 from .sample import MAX_SEED, run_engine, with_manifest
 from .widgets import SHIFT_INPUTS
@@ -64,13 +65,13 @@ def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audi
 class H3Edit:
     CATEGORY = "H3"
     FUNCTION = "edit"
-    RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
-    RETURN_NAMES = ("video", "audio", "latents")
-    OUTPUT_TOOLTIPS = (
-        "The edited video (at the edit size: 24 fps, 17n+5 frames, multiples of 32) with its soundtrack.",
-        "The soundtrack of the edit (kept, blended or regenerated, as audio_mode says).",
-        "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
-    )
+    # No native LATENT input: the edit composites pixels with its source video (and shapes the mask in pixels).
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = native_io.outputs(
+        ("VIDEO", "AUDIO", "H3_LATENTS"), ("video", "audio", "latents"), (
+            "The edited video (at the edit size: 24 fps, 17n+5 frames, multiples of 32) with its soundtrack.",
+            "The soundtrack of the edit (kept, blended or regenerated, as audio_mode says).",
+            "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
+        ))
     DESCRIPTION = ("Edit a video with MiniMax-H3: regenerate what the mask covers (white = regenerate, black = keep) "
                    "following the prompt, and keep everything else as the source. Presets: "
                    + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()) + ".")
@@ -133,6 +134,7 @@ class H3Edit:
         shaped = mask_shaping(mask)
         result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
         out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
+        latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
         return {"ui": {"text": [edit_summary(preset, result, shaped)]},
-                "result": (out, waveform_to_audio(result.audio, result.sample_rate),
-                           H3Latents(result.video_latents, result.audio_latents, result.fps))}
+                "result": native_io.with_native((out, waveform_to_audio(result.audio, result.sample_rate), latents),
+                                                latents)}

@@ -15,11 +15,12 @@ from .. import comfy_services as services
 from ..backend.media.encode import next_free_path, release_placeholder
 from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS, added_frames_for,
                                                    check_window_settings)
-from ..backend.pipelines.h3.geometry import FPS
+from ..backend.pipelines.h3.geometry import FPS, RequestError
 from ..backend.pipelines.h3.request import H3ExtendRequest
 from ..extend_job import keep_partial, split_prompts, window_status
 from ..types import H3Latents
 from ..video_file import H3FileVideo
+from . import native_latent_io as native_io
 from .adapters import audio_to_waveform
 from .sample import MAX_SEED, run_engine, with_manifest
 from .widgets import SHIFT_INPUTS
@@ -30,12 +31,11 @@ PARTIAL_PREFIX = "H3/extend_partial"
 class H3Extend:
     CATEGORY = "H3"
     FUNCTION = "extend"
-    RETURN_TYPES = ("VIDEO", "H3_LATENTS")
-    RETURN_NAMES = ("video", "latents")
-    OUTPUT_TOOLTIPS = (
-        "The whole result, source + continuation, with its sound (read from the file it was streamed into).",
-        "The latents of the whole result: connect another H3 Extend to continue further.",
-    )
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = native_io.outputs(
+        ("VIDEO", "H3_LATENTS"), ("video", "latents"), (
+            "The whole result, source + continuation, with its sound (read from the file it was streamed into).",
+            "The latents of the whole result: connect another H3 Extend to continue further.",
+        ))
     DESCRIPTION = ("Continue a video with MiniMax-H3 past 15 s: each window sees the last frames and sound of what "
                    "exists as frozen guide rows on one continuous timeline, so motion and music carry on. Connect a "
                    "video, or the latents of an earlier H3 node (nothing re-encoded).")
@@ -79,6 +79,8 @@ class H3Extend:
                                                       "without re-encoding."}),
                 "driving_audio": ("AUDIO", {"tooltip": "audio_mode lock: the soundtrack to keep, aligned with the "
                                                        "start of the source; it must last the whole result."}),
+                **native_io.input_spec("Or a native MiniMax-H3 AV LATENT (a native sampler's result) to continue, "
+                                       "without re-encoding: the same latents as H3_LATENTS."),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -93,10 +95,17 @@ class H3Extend:
         return True
 
     def extend(self, engine, prompt, seconds, windows, window_frames, overlap_frames, audio_mode, steps,
-               video_shift, audio_shift, seed, video=None, latents=None, driving_audio=None, unique_id=None):
+               video_shift, audio_shift, seed, video=None, latents=None, driving_audio=None, native_latent=None,
+               unique_id=None):
         check_window_settings(window_frames, overlap_frames)  # before `added` is computed from them
-        if (video is None) == (latents is None):
-            raise ValueError("H3 Extend needs one source: connect a video, or the latents of an earlier H3 node.")
+        if sum(x is not None for x in (video, latents, native_latent)) != 1:
+            raise ValueError("H3 Extend needs one source: connect a video, or the latents of an earlier H3 node "
+                             "(ours, or a native MiniMax-H3 LATENT).")
+        if native_latent is not None:
+            try:
+                latents = native_io.from_native(native_latent)
+            except RequestError as exc:
+                raise ValueError(str(exc)) from None
         added = windows * (window_frames - overlap_frames) if windows > 0 else added_frames_for(seconds)
         source = _source_fields(video, latents)
         drive = audio_to_waveform(driving_audio)
@@ -112,8 +121,8 @@ class H3Extend:
         finally:
             release_placeholder(path)  # reserved but never published (an error, or Stop before any window)
         clip = with_manifest(H3FileVideo(path), result)
-        return {"ui": {"text": [extend_summary(result)]},
-                "result": (clip, H3Latents(result.video_latents, result.audio_latents, result.fps))}
+        out = H3Latents(result.video_latents, result.audio_latents, result.fps)
+        return {"ui": {"text": [extend_summary(result)]}, "result": native_io.with_native((clip, out), out)}
 
 
 def extend_summary(result) -> str:

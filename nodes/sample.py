@@ -13,6 +13,7 @@ from ..backend.pipelines.h3.request import H3Request
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
+from . import native_latent_io as native_io
 from .adapters import build_references, single_image, waveform_to_audio
 from .widgets import SHIFT_INPUTS
 
@@ -26,13 +27,12 @@ def seconds_to_frames(seconds: float) -> int:
 class H3Sample:
     CATEGORY = "H3"
     FUNCTION = "sample"
-    RETURN_TYPES = ("VIDEO", "AUDIO", "H3_LATENTS")
-    RETURN_NAMES = ("video", "audio", "latents")
-    OUTPUT_TOOLTIPS = (
-        "The generated video (uint8 frames at 24 fps) with its soundtrack: to H3 Save Video, or core video nodes.",
-        "The soundtrack alone (AUDIO, 32 kHz stereo), as long as the video.",
-        "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
-    )
+    RETURN_TYPES, RETURN_NAMES, OUTPUT_TOOLTIPS = native_io.outputs(
+        ("VIDEO", "AUDIO", "H3_LATENTS"), ("video", "audio", "latents"), (
+            "The generated video (uint8 frames at 24 fps) with its soundtrack: to H3 Save Video, or core video nodes.",
+            "The soundtrack alone (AUDIO, 32 kHz stereo), as long as the video.",
+            "The final video and audio latents: continue them with H3 Extend (nothing re-encoded).",
+        ))
     DESCRIPTION = ("Generate a video with sound with MiniMax-H3. Connect a first/last frame for keyframe-to-video, "
                    "or reference images/video/audio for reference-to-video.")
 
@@ -74,6 +74,10 @@ class H3Sample:
                     "tooltip": "default: `steps` steps on the model's shifted schedule. fasth3: the 4-step ladder "
                                "the FastH3 student was distilled on (set steps to 4; load the student in H3 Model "
                                "Loader). Text-to-video only with the student."}),
+                **native_io.input_spec(
+                    "A native MiniMax-H3 AV LATENT (e.g. Empty MiniMax H3 AV Latent's) giving the size and length: "
+                    "its frames replace seconds, its size width/height (leave them 0). Its values are not used: "
+                    "sampling starts from noise, as a native sampler at denoise 1."),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -90,17 +94,23 @@ class H3Sample:
 
     def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
                first_frame=None, last_frame=None, reference_images=None, reference_video=None,
-               reference_audio=None, schedule="default", unique_id=None):
+               reference_audio=None, schedule="default", native_latent=None, unique_id=None):
+        frames = seconds_to_frames(seconds)
+        if native_latent is not None:
+            try:
+                frames, width, height = native_io.latent_geometry(native_latent, width, height)
+            except RequestError as exc:
+                raise ValueError(str(exc)) from None
         request = H3Request(
-            prompt=prompt, num_frames=seconds_to_frames(seconds), width=width or None, height=height or None,
+            prompt=prompt, num_frames=frames, width=width or None, height=height or None,
             steps=steps, video_shift=video_shift or None, audio_shift=audio_shift or None, seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
             references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
         )
         result = run_engine(engine, request, steps, unique_id)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
-        return (video, waveform_to_audio(result.audio, result.sample_rate),
-                H3Latents(result.video_latents, result.audio_latents, result.fps))
+        latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
+        return native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), latents), latents)
 
 
 def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None,

@@ -119,8 +119,10 @@ def _count(keys, prefix: str) -> int:
 
 # -- the DiT -----------------------------------------------------------------------------------------------------------
 
-def transformer_config_from_native(nf: NativeFile, base):
-    """An H3TransformerConfig for the file: widths and depths from its shapes, the rest from `base`."""
+def transformer_config_from_native(nf: NativeFile, base, config_name: str = "the release's DiT config"):
+    """The file's H3TransformerConfig: widths and depths read off its shapes (as ComfyUI's detection does), which
+    must be `base`'s (the folder's config, or the release's; a file with fewer blocks is another model, or a cut
+    one); the values shapes do not carry (rotary theta, epsilons, patch) are `base`'s."""
     if "adaln_t_table" in nf.keys:
         raise CheckpointError(f"{nf.path} is a 'pruned' native DiT (AdaLN over a precomputed time-embedding curve, "
                               "no time embedder): that form is not supported yet; pick the non-pruned bf16 file.")
@@ -138,13 +140,18 @@ def transformer_config_from_native(nf: NativeFile, base):
         raise CheckpointError(f"{nf.path}: final_layer.video_out has {s('final_layer.video_out.weight')[0]} rows "
                               f"for {video_in}-wide patches (a bank of several output heads): not supported.")
     head_dim = s("blocks.0.attn.q_norm.weight")[0]
-    return replace(
-        base, num_layers=_count(nf.keys, "blocks."), num_refiner_layers=_count(nf.keys, "token_refiner.blocks."),
+    found = dict(
+        num_layers=_count(nf.keys, "blocks."), num_refiner_layers=_count(nf.keys, "token_refiner.blocks."),
         hidden_size=hidden, in_channels=video_in // patch, audio_in_channels=s("final_layer.audio_out.weight")[0],
         attention_head_dim=head_dim, num_attention_heads=s("blocks.0.attn.qkv_proj.weight")[0] // (3 * head_dim),
         ffn_dim=s("blocks.0.mlp.fc1.weight")[0] // 2, text_dim=s("condition_proj.weight")[1],
         freq_dim=s("time_embedder.proj_in.weight")[1], time_embed_hidden_dim=s("time_embedder.proj_in.weight")[0],
         time_embed_dim=s("time_embedder.proj_out.weight")[0], rope_freq_dim=s("rope.inv_freq")[0])
+    differ = [f"{k} {v} (file) vs {getattr(base, k)}" for k, v in found.items() if v != getattr(base, k)]
+    if differ:
+        more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise CheckpointError(f"{nf.path} does not match {config_name}: {'; '.join(differ[:3])}{more}")
+    return replace(base, **found)
 
 
 def _check_rope(nf: NativeFile, cfg) -> None:
@@ -171,7 +178,8 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
     check_storage(storage, device)
     base = H3TransformerConfig.from_json(base_config) if base_config else H3TransformerConfig()
     with _open(path, "transformer") as nf:
-        cfg = transformer_config_from_native(nf, base)
+        cfg = transformer_config_from_native(nf, base, str(base_config) if base_config else
+                                             "the released MiniMax-H3 DiT (give the diffusers folder it belongs to)")
         with reading(nf.path), torch.device("meta"):
             model = H3Transformer(cfg, attention)
         ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -179,13 +187,18 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
         _check_keys(nf, km, km.native_shapes(ours), "DiT", "the DiT its shapes describe")
         _check_rope(nf, cfg)
 
+        quantised = set(nf.quantised())
+        dequantised = {o for link in km.links if link.native in quantised for o in link.ours}
+
         def dtype_for(key: str, stored: torch.dtype) -> torch.dtype:
-            if dtype is None:
-                return stored
+            if dtype is None:  # as stored; an FP8 weight as bfloat16, what it was quantised from
+                return torch.bfloat16 if key in dequantised else stored
             return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
-        state = {key: aligned(t.to(dtype_for(key, t.dtype)))
-                 for key, t in km.from_native(lambda k: nf.get(k, None, device))}
+        def read(k: str) -> torch.Tensor:  # FP8 dequantised in float32, cast once to the target below
+            return nf.get(k, torch.float32 if k in quantised else None, device)
+
+        state = {key: aligned(t.to(dtype_for(key, t.dtype))) for key, t in km.from_native(read)}
         model.load_state_dict(state, strict=True, assign=True)
     del state
     return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
