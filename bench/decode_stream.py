@@ -1,6 +1,7 @@
 """Decode -> MP4 with the released-size H3 video VAE: the decode alone, decode then save, and the decode streamed
-into StreamingVideoSaver clip by clip (old CPU colour path vs YUV 4:2:0 made on the GPU, with and without a lowered
-encoder-thread priority and a capped x264 thread count), in one run, with equal-frame checks.
+into StreamingVideoSaver clip by clip: RGB (CPU colour conversion) vs YUV 4:2:0 made on the GPU, the writer on a
+thread of this process vs in a child process (encoder_process.py), the child niced or with x264 capped at half the
+cores; in one run, with equal-frame checks.
 
     python bench/decode_stream.py                          # H200: 10 s at 1344x768 (243 frames), random bf16 VAE
     python bench/decode_stream.py --tiny --device cpu      # seconds-long smoke run on the CPU (tiny VAE)
@@ -108,7 +109,7 @@ def run_variant(name, vae, timer, latents, device, out_dir, geo, args, saver_opt
     kept, saver = [], None
     if saver_options is not None:
         saver = StreamingVideoSaver(os.path.join(out_dir, f"{name}.mp4"), geo[1], geo[0], 24, crf=args.crf,
-                                    preset=args.preset, **saver_options)
+                                    preset=args.preset, device=device, **saver_options)
     decode_s = None
     for chunk in iter_decode_video(vae, latents, device):
         kept.append(chunk)
@@ -143,7 +144,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--crf", type=float, default=18)
     parser.add_argument("--preset", default="veryfast")
-    parser.add_argument("--nice", type=int, default=10, help="encoder-thread nice increment for the *_nice variants")
+    parser.add_argument("--nice", type=int, default=10, help="encoder-process nice increment for the *_nice variant")
     parser.add_argument("--variants", default="all", help="comma list of variant names, or all")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
@@ -160,13 +161,13 @@ def main() -> None:
     cores = os.cpu_count() or 2
     variants = {
         "decode_alone": None,
-        "decode_then_save_rgb": dict(gpu_yuv=False),
-        "streamed_rgb": dict(gpu_yuv=False),
-        "streamed_rgb_nice": dict(gpu_yuv=False, encoder_nice=args.nice),
-        "streamed_yuv": dict(gpu_yuv=True),
-        "streamed_yuv_nice": dict(gpu_yuv=True, encoder_nice=args.nice),
-        "streamed_yuv_nice_threads": dict(gpu_yuv=True, encoder_nice=args.nice, threads=max(1, cores // 2)),
-        "decode_then_save_yuv": dict(gpu_yuv=True),
+        "decode_then_save": dict(gpu_yuv=True, encoder="process"),
+        "streamed_rgb_thread": dict(gpu_yuv=False, encoder="thread"),  # the path before this work
+        "streamed_yuv_thread": dict(gpu_yuv=True, encoder="thread"),
+        "streamed_rgb_process": dict(gpu_yuv=False, encoder="process"),
+        "streamed_yuv_process": dict(gpu_yuv=True, encoder="process"),  # shipped: FileSink passes the device
+        "streamed_yuv_process_nice": dict(gpu_yuv=True, encoder="process", encoder_nice=args.nice),
+        "streamed_yuv_process_threads": dict(gpu_yuv=True, encoder="process", threads=max(1, cores // 2)),
     }
     chosen = list(variants) if args.variants == "all" else args.variants.split(",")
     report = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -175,7 +176,8 @@ def main() -> None:
               "results": []}
     with tempfile.TemporaryDirectory() as out_dir:
         with torch.no_grad():
-            run_variant("warmup", vae, timer, latents, device, out_dir, (height, width), args, dict(gpu_yuv=True))
+            run_variant("warmup", vae, timer, latents, device, out_dir, (height, width), args,
+                        dict(gpu_yuv=True, encoder="process"))
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for name in chosen:
@@ -189,8 +191,8 @@ def main() -> None:
                 from torch.profiler import ProfilerActivity, profile
                 acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
                 with profile(activities=acts) as prof:
-                    run_variant("profiled_streamed_rgb", vae, timer, latents, device, out_dir, (height, width),
-                                args, dict(gpu_yuv=False))
+                    run_variant("profiled_streamed_rgb_thread", vae, timer, latents, device, out_dir,
+                                (height, width), args, dict(gpu_yuv=False, encoder="thread"))
                 report["profile_top_cpu"] = prof.key_averages().table(sort_by="self_cpu_time_total",
                                                                      row_limit=18, max_name_column_width=48)
         if device.type == "cuda":

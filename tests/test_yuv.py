@@ -1,15 +1,11 @@
 """RGB -> YUV 4:2:0 on the frames' device (backend/media/yuv.py) and the encoder path that takes the planes."""
 
-import os
-import threading
-
 import av
 import numpy as np
 import pytest
 import torch
 from av.video.reformatter import ColorRange, Colorspace, VideoReformatter
 
-from comfyui_h3.backend.media import stream_writer
 from comfyui_h3.backend.media.encode import Mp4Writer
 from comfyui_h3.backend.media.stream_writer import StreamingVideoSaver
 from comfyui_h3.backend.media.yuv import rgb_to_yuv420p, yuv420p_to_rgb
@@ -148,20 +144,3 @@ def test_gpu_yuv_is_off_for_cpu_frames_and_when_asked(tmp_path):
     with StreamingVideoSaver(str(tmp_path / "a.mp4"), 64, 48, 24, device="cpu") as saver:
         assert not saver.yuv420p  # swscale converts CPU frames
         saver.write(_smooth_frames(t=1))
-
-
-def test_encoder_thread_priority_is_lowered_for_that_thread_only():
-    if not hasattr(threading, "get_native_id") or not hasattr(os, "getpriority"):
-        pytest.skip("per-thread nice values are a Linux feature")
-    base = os.getpriority(os.PRIO_PROCESS, 0)
-    seen = {}
-
-    def body():
-        stream_writer._lower_thread_priority(5)
-        seen["thread"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    worker = threading.Thread(target=body)
-    worker.start()
-    worker.join()
-    assert seen["thread"] == min(base + 5, 19)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == base

@@ -208,6 +208,21 @@ def _create_temp_beside(final_path: str) -> str:
         return temp_path
 
 
+def check_target(final: str, reserved: bool) -> None:
+    """The no-clobber rule for a final path: a reserved one must be next_free_path's empty placeholder, any other
+    must not exist. Raises FileExistsError naming the path."""
+    if reserved:
+        if not os.path.isfile(final) or os.path.getsize(final) != 0:
+            raise _exists_error(final, " (reserved=True expects the empty placeholder from next_free_path)")
+    elif os.path.lexists(final):
+        raise _exists_error(final, " (did you reserve it with next_free_path? then pass reserved=True)")
+
+
+def takes_yuv420p(codec: str, width: int, height: int) -> bool:
+    """Whether an Mp4Writer with these settings accepts `write_yuv420p` (a yuv420p codec at an even size)."""
+    return CODECS[codec].pix_fmt == "yuv420p" and int(width) % 2 == 0 and int(height) % 2 == 0
+
+
 def _to_numpy(array: Any) -> np.ndarray:
     if hasattr(array, "detach") and hasattr(array, "cpu"):  # torch.Tensor, without importing torch here
         array = array.detach().cpu().numpy()
@@ -305,11 +320,7 @@ class Mp4Writer:
             target, options = self.path, {"movflags": "use_metadata_tags"} if self._movflags else {}
         else:
             final = self.path
-            if self._reserved:
-                if not os.path.isfile(final) or os.path.getsize(final) != 0:
-                    raise _exists_error(final, " (reserved=True expects the empty placeholder from next_free_path)")
-            elif os.path.lexists(final):
-                raise _exists_error(final, " (did you reserve it with next_free_path? then pass reserved=True)")
+            check_target(final, self._reserved)
             self.temp_path = _create_temp_beside(final)
             target = self.temp_path
             options = {"movflags": "faststart+use_metadata_tags"} if self._movflags else {}

@@ -71,8 +71,18 @@ class ChunkedFrameStream(abc.ABC):
         [t, H * 3 // 2, W], backend/media/yuv.py's layout, instead of RGB [t, H, W, 3])."""
         return False
 
-    def _start(self, width: int, height: int, device, chunk_frames: int, slots: int,
-               encoder_nice: int = 0) -> None:
+    def _make_slots(self, count: int, shape: tuple[int, ...], cuda: bool) -> list[torch.Tensor]:
+        """The host buffers the copies land in (page-locked for a CUDA source)."""
+        return [torch.empty(shape, dtype=torch.uint8, pin_memory=cuda) for _ in range(count)]
+
+    def _release_slots(self) -> None:
+        """Called once the background thread has ended (nothing reads the buffers any more)."""
+
+    def _consume_slot(self, index: int, count: int) -> None:
+        """Take slot `index`'s first `count` frames (runs on the background thread; the copy into it is complete)."""
+        self._consume_frames(self._slots[index][:count])
+
+    def _start(self, width: int, height: int, device, chunk_frames: int, slots: int) -> None:
         if int(chunk_frames) < 1 or int(slots) < 1:
             raise ValueError(f"chunk_frames and slots must be >= 1, got {chunk_frames} and {slots}")
         self.width, self.height = int(width), int(height)
@@ -87,7 +97,6 @@ class ChunkedFrameStream(abc.ABC):
         self._work: queue.Queue = queue.Queue()
         self._stream = None
         self._slot_count = int(slots)
-        self._nice = int(encoder_nice)
         self.yuv420p = False
         self._error: BaseException | None = None
         self._closed = False
@@ -102,8 +111,8 @@ class ChunkedFrameStream(abc.ABC):
         self.yuv420p = self._wants_yuv420p(device)
         shape = ((self.chunk_frames, self.height * 3 // 2, self.width) if self.yuv420p
                  else (self.chunk_frames, self.height, self.width, 3))
+        self._slots = self._make_slots(self._slot_count, shape, cuda)
         for index in range(self._slot_count):
-            self._slots.append(torch.empty(shape, dtype=torch.uint8, pin_memory=cuda))
             self._events.append(torch.cuda.Event() if cuda else None)
             self._slot_owner.append(None)
             self._free.put(index)
@@ -189,8 +198,6 @@ class ChunkedFrameStream(abc.ABC):
 
     # -- encoder thread ------------------------------------------------------------------------------------------------
     def _run(self) -> None:
-        if self._nice > 0:
-            _lower_thread_priority(self._nice)
         while True:
             item = self._work.get()
             if item is _STOP:
@@ -203,7 +210,7 @@ class ChunkedFrameStream(abc.ABC):
                         _, index, count = item
                         if self._events and self._events[index] is not None:
                             self._events[index].synchronize()
-                        self._consume_frames(self._slots[index][:count])
+                        self._consume_slot(index, count)
                     elif kind == "audio":
                         self._consume_audio(item[1], item[2])
                     elif kind == "close":
@@ -229,6 +236,7 @@ class ChunkedFrameStream(abc.ABC):
         self._thread.join()
         if abort or self._error is not None:
             self._discard()
+        self._release_slots()
 
     def _close(self) -> None:
         """Drain the queue and complete the sink. Re-raises an error of the consumer thread."""
@@ -259,43 +267,91 @@ class ChunkedFrameStream(abc.ABC):
             self.abort()
 
 
-def _lower_thread_priority(nice: int) -> None:
-    """Raise the calling thread's nice value (Linux: per thread; threads it starts, such as libx264's workers,
-    inherit it). The encoder yields the CPU to the thread that launches the decoder's GPU work."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + nice)
-    except (AttributeError, OSError):  # not Linux, or not allowed: run at the normal priority
-        pass
-
-
 class StreamingVideoSaver(ChunkedFrameStream):
-    """Write video chunks from any device into an `Mp4Writer` on a background thread; see the module docstring.
+    """Write video chunks from any device into an `Mp4Writer`; see the module docstring.
 
-    >>> with StreamingVideoSaver(path, 1344, 768, 24) as saver:
+    >>> with StreamingVideoSaver(path, 1344, 768, 24, device="cuda") as saver:
     ...     for clip in decoder_clips:            # e.g. [1, 3, t, H, W] float on the GPU
     ...         saver.write(clip)
     ...     saver.write_audio(wave, 32000)
     >>> saver.path                                # published only after a clean close
 
-    `writer_options` go to Mp4Writer (audio_sample_rate, crf, preset, codec, metadata, reserved, ...). `device` picks
-    the buffers up front (pinned for CUDA); by default they are made on the first write, for its device.
+    `writer_options` go to Mp4Writer (audio_sample_rate, crf, preset, codec, metadata, reserved, threads, ...).
+    `device` picks the buffers up front (pinned for CUDA); by default they are made on the first write, for its device.
+    `gpu_yuv`: frames from a GPU become YUV 4:2:0 there (yuv.py) when the codec takes it. `encoder`: "thread" runs the
+    writer on this process's background thread; "process" in a child process (encoder_process.py) fed through shared
+    page-locked buffers, so encoding never takes the GIL from the thread that launches GPU work; "auto" = "process" for
+    a CUDA `device` given up front on POSIX, else "thread". `encoder_nice` lowers the child's priority (process only).
     """
 
     def __init__(self, path, width: int, height: int, fps: Fraction | float, *, device=None,
                  chunk_frames: int = DEFAULT_CHUNK_FRAMES, slots: int = 2, gpu_yuv: bool = True,
-                 encoder_nice: int = 0, **writer_options: Any):
-        self._writer = Mp4Writer(path, width, height, fps, **writer_options)
-        self.path = self._writer.path
+                 encoder: str = "auto", encoder_nice: int = 0, **writer_options: Any):
+        from . import encoder_process
+        from .encode import check_encoder_options, check_target, takes_yuv420p
+
+        if encoder not in ("auto", "thread", "process"):
+            raise ValueError(f"encoder must be 'auto', 'thread' or 'process', got {encoder!r}")
+        is_file = isinstance(path, (str, os.PathLike))
+        cuda = device is not None and torch.device(device).type == "cuda"
+        self._process_mode = is_file and encoder_process.supported() and (
+            encoder == "process" or (encoder == "auto" and cuda))
         self._gpu_yuv = bool(gpu_yuv)
+        self._codec = writer_options.get("codec", "h264")
+        self._takes_yuv = takes_yuv420p(self._codec, width, height)
+        self._writer = None
+        self._child = None
+        self._buffers = None
+        self._pinned: list[int] = []
+        self._nice = int(encoder_nice)
+        if self._process_mode:
+            check_encoder_options(self._codec, writer_options.get("crf", 18), writer_options.get("preset", "veryfast"))
+            self.path = os.path.abspath(os.fspath(path))
+            check_target(self.path, bool(writer_options.get("reserved", False)))
+            self._writer_call = ((self.path, width, height, fps), dict(writer_options))
+        else:
+            self._writer = Mp4Writer(path, width, height, fps, **writer_options)
+            self.path = self._writer.path
         try:
-            self._start(width, height, device, chunk_frames, slots, encoder_nice)
+            self._start(width, height, device, chunk_frames, slots)
         except BaseException:
-            self._writer.abort()
+            self._discard()
+            self._release_slots()
             raise
 
     def _wants_yuv420p(self, device: torch.device) -> bool:
         # GPU frames only: on the CPU swscale converts faster than torch, and nothing competes for a GPU launch thread
-        return self._gpu_yuv and device.type == "cuda" and self._writer.takes_yuv420p
+        return self._gpu_yuv and device.type == "cuda" and self._takes_yuv
+
+    def _make_slots(self, count, shape, cuda):
+        if not self._process_mode:
+            return super()._make_slots(count, shape, cuda)
+        from .encoder_process import EncoderProcess, SharedBuffers
+
+        self._buffers = SharedBuffers(count, shape)
+        slots = [torch.from_numpy(array) for array in self._buffers.arrays]
+        if cuda:  # page-lock the shared pages so the copies into them stay asynchronous
+            for slot in slots:
+                if torch.cuda.cudart().cudaHostRegister(slot.data_ptr(), slot.numel(), 0) == 0:
+                    self._pinned.append(slot.data_ptr())
+        args, kwargs = self._writer_call
+        self._child = EncoderProcess(self._buffers, args, kwargs, self._nice)
+        return slots
+
+    def _release_slots(self) -> None:
+        for pointer in self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(pointer)
+        self._pinned = []
+        self._slots = []
+        if self._buffers is not None:
+            self._buffers.close()
+            self._buffers = None
+
+    def _consume_slot(self, index: int, count: int) -> None:
+        if self._child is None:
+            super()._consume_slot(index, count)
+        else:
+            self._child.call("frames", index, count, self.yuv420p)
 
     def _consume_frames(self, frames: torch.Tensor) -> None:
         if self.yuv420p:
@@ -304,13 +360,32 @@ class StreamingVideoSaver(ChunkedFrameStream):
             self._writer.write_frames(frames.numpy())
 
     def _consume_audio(self, waveform: Any, sample_rate: int | None) -> None:
-        self._writer.write_audio(waveform, sample_rate=sample_rate)
+        if self._child is None:
+            self._writer.write_audio(waveform, sample_rate=sample_rate)
+        else:
+            array = waveform.float().numpy() if isinstance(waveform, torch.Tensor) else waveform
+            self._child.call("audio", array, sample_rate)
 
     def _complete(self) -> None:
-        self._writer.close()
+        if self._child is None:
+            self._writer.close()
+        else:
+            self._child.call("close")
+            self._child.shutdown()
 
     def _discard(self) -> None:
-        self._writer.abort()
+        if self._writer is not None:
+            self._writer.abort()
+        if self._child is not None:
+            try:
+                self._child.call("abort")
+            except BaseException:  # noqa: BLE001 - the child is gone or failed: its temp file goes with its abort
+                pass
+            self._child.shutdown()
+        elif self._process_mode and self._writer_call[1].get("reserved"):
+            from .encode import release_placeholder
+
+            release_placeholder(self.path)  # no child ever took the reservation over
 
     def close(self) -> str:
         """Drain the queue, finish and publish the file; returns its path. Re-raises an encoder error."""
@@ -319,7 +394,7 @@ class StreamingVideoSaver(ChunkedFrameStream):
 
     @property
     def frames_written(self) -> int:
-        return self._writer.frames_written
+        return self._writer.frames_written if self._writer is not None else int(self.stats["frames"])
 
 
 class HostFrameCollector(ChunkedFrameStream):
