@@ -125,11 +125,16 @@ def test_the_template_browser_opens_every_template(comfy, tmp_path):
     for card in seen["cards"]:
         assert card["thumbnail"] == {"width": 350, "height": 350, "complete": True}, card
     assert sorted(seen["opened"]) == sorted(shipped)
+    from comfyui_h3.native_workflows import NATIVE_WORKFLOWS
+
+    known = set(comfy.request("/object_info")[1])
     for name, view in seen["opened"].items():
         nodes = json.loads(shipped[name].read_text())["nodes"]
         assert view["types"] == sorted(n["type"] for n in nodes), (name, view)
-        assert not view["unknown"] and not view["withErrors"], (name, view)
-        assert not view["dialogs"] and not view["errors"], (name, view)
+        # ComfyUI's own MiniMax-H3 nodes (0.30+) are unknown to an older lane ComfyUI: exactly those, nothing else
+        missing = set(NATIVE_WORKFLOWS.get(name, ())) - known
+        assert set(view["unknown"]) == missing and (not view["withErrors"] or missing), (name, view)
+        assert (not view["dialogs"] or missing) and not view["errors"], (name, view)  # missing-nodes dialog
 
 
 def _overlapping(boxes: list) -> list:
@@ -148,7 +153,10 @@ def test_shipped_workflows_lay_out_without_overlaps(comfy, tmp_path, vue_nodes):
     """At the sizes the real frontend gives the nodes (title bars included; the Vue renderer's own elements), no node
     of a shipped workflow covers another; and each is saved as big as its content asks, so the frontend does not
     grow it over its neighbours (it did: Load Video / Load Image over the Model Loader's executor and ray_address)."""
-    files = sorted(TEMPLATES.glob("*.json"))
+    from comfyui_h3.native_workflows import NATIVE_WORKFLOWS
+
+    known = set(comfy.request("/object_info")[1])  # a ComfyUI without the native H3 nodes draws them as placeholders
+    files = [f for f in sorted(TEMPLATES.glob("*.json")) if not set(NATIVE_WORKFLOWS.get(f.stem, ())) - known]
     seen = _browser(comfy, tmp_path, {"layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes}})
     for path in files:
         nodes = seen["layout"][str(path)]

@@ -9,7 +9,6 @@ same latents given as H3_LATENTS."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 import sys
@@ -22,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from comfyui_h3.backend.models.checkpoint import CheckpointError
+from native_comfy import FakeNestedTensor, nested_tensor_comfy
 
 FIXTURE = Path(__file__).parent / "fixtures" / "native_h3_layout.json"
 PARTS = {"transformer": "dit.safetensors", "text_encoder": "te.safetensors", "vae": "vae.safetensors",
@@ -357,29 +357,10 @@ def test_release_configs_take_comfyuis_own_qwen_tokenizer(tmp_path):
 
 # -- the native LATENT ------------------------------------------------------------------------------------------------
 
-class FakeNestedTensor:
-    """comfy.nested_tensor.NestedTensor's interface the conversion uses (the real one: ComfyUI 0.8+)."""
-
-    def __init__(self, tensors):
-        self.tensors = list(tensors)
-        self.is_nested = True
-
-
 @pytest.fixture
 def with_nested_tensor(monkeypatch):
-    """A ComfyUI with NestedTensor: the fake module installed and the node modules re-read (their LATENT inputs and
-    outputs are decided when the pack loads); put back as they were afterwards."""
-    comfy = types.ModuleType("comfy")
-    nested = types.ModuleType("comfy.nested_tensor")
-    nested.NestedTensor = FakeNestedTensor
-    names = ("comfyui_h3.nodes.native_latent_io", "comfyui_h3.nodes.sample", "comfyui_h3.nodes.edit",
-             "comfyui_h3.nodes.extend")
-    with monkeypatch.context() as m:
-        m.setitem(sys.modules, "comfy", comfy)
-        m.setitem(sys.modules, "comfy.nested_tensor", nested)
-        yield [importlib.reload(importlib.import_module(n)) for n in names]
-    for n in names:
-        importlib.reload(importlib.import_module(n))
+    with nested_tensor_comfy(monkeypatch) as modules:
+        yield modules
 
 
 def test_native_latent_round_trip_is_exact(with_nested_tensor):
@@ -415,7 +396,7 @@ def test_native_latent_that_is_not_an_h3_av_latent_is_refused(with_nested_tensor
 
 
 def test_nodes_show_the_native_latent_only_where_comfyui_has_nested_tensor(with_nested_tensor):
-    io, sample, edit, extend = with_nested_tensor
+    io, sample, edit, extend, _ = with_nested_tensor
     assert io.SUPPORTED
     assert sample.H3Sample.RETURN_TYPES[-1] == "LATENT" and sample.H3Sample.RETURN_NAMES[-1] == "native_latent"
     assert edit.H3Edit.RETURN_TYPES[-1] == "LATENT" and extend.H3Extend.RETURN_TYPES[-1] == "LATENT"

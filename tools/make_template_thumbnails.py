@@ -41,6 +41,9 @@ CARDS = {
     "h3_object_removal_text": ("Removal: name to track", "Name the object; SAM3 masks it on every frame."),
     "h3_object_replacement_clicks": ("Replace: box to track", "Box the object once; SAM2 follows it, H3 swaps it."),
     "h3_object_replacement_text": ("Replace: name to track", "Name the object; SAM3 masks it, H3 swaps it."),
+    "h3_native_sample_then_extend_upscale": ("Native H3, then extend",
+                                             "ComfyUI's own H3 sampler, then H3 Extend + SeedVR2."),
+    "h3_sample_then_native_decode": ("H3, native decode", "H3 Sample's latents decoded by ComfyUI's H3 VAEs."),
 }
 
 
@@ -230,6 +233,14 @@ def picture(name: str, card: Image.Image) -> None:
     elif name == "h3_extend_then_upscale":
         film_strip(card, [frames[k][::3, ::3] for k in (0, 64, 129)], 20, 310, 60, hatch=1)
         ImageDraw.Draw(card).text((20 + 3 * 78, 140), "+ 5 s, x2", font=font(16), fill=ACCENT)
+        waveform(card, 190)
+    elif name == "h3_native_sample_then_extend_upscale":  # ComfyUI's native sampler first, then ours
+        film_strip(card, [scene(t)[::2, ::2] for t in (0.0, 0.5, 1.0)], 20, 310, 60, hatch=2)
+        ImageDraw.Draw(card).text((20, 140), "native  ->  + 10 s, x2", font=font(16), fill=ACCENT)
+        waveform(card, 190)
+    elif name == "h3_sample_then_native_decode":
+        film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
+        ImageDraw.Draw(card).text((20, 140), "LATENT  ->  native VAE decode", font=font(16), fill=ACCENT)
         waveform(card, 190)
     elif name == "h3_fasth3_text_to_video":
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
