@@ -181,8 +181,9 @@ def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, pairs, topk, mo
     triton_video_attention(qc, kc, vc, num_prefix, starts, sizes, sel.cuda(), wide)
     assert rel_err(wide[:, num_prefix:].cpu(), want[:, num_prefix:]) <= 2e-3
     full, _ = flat_plan(num_prefix, grid, topk=10_000)
+    dense = _sdpa(q.double(), k.double(), v.double())
     assert rel_err(sparse_attention(qc, kc, vc, full, _sdpa, use_triton=True).cpu(),
-                   _sdpa(q.double(), k.double(), v.double())) <= 2e-3
+                   dense) <= rel_err(dense.bfloat16(), dense) + 1e-3
 
 
 def test_settings_schedule_and_names():
