@@ -60,8 +60,17 @@ def make_skeleton(root: str, tiny: bool) -> str:
                           ("vae", AutoencoderKLMiniMaxH3), ("audio_vae", AutoencoderKLMiniMaxH3Audio)):
             folder = os.path.join(path, name)
             if os.path.isdir(folder):
+                with open(os.path.join(folder, "config.json")) as handle:
+                    tiny_config = json.load(handle)
                 with torch.device("meta"):
-                    cls().save_config(folder)  # the class defaults are the released configurations
+                    cls().save_config(folder)  # the class defaults are the released configurations ...
+                with open(os.path.join(folder, "config.json")) as handle:
+                    config = json.load(handle)
+                for key, value in tiny_config.items():  # ... except what the class leaves unset (e.g. the VAEs'
+                    if config.get(key) is None and value is not None:  # latent statistics, same channel counts)
+                        config[key] = value
+                with open(os.path.join(folder, "config.json"), "w") as handle:
+                    json.dump(config, handle, indent=1)
         text = os.path.join(path, "text_encoder", "config.json")
         with open(text) as handle:
             config = json.load(handle)
