@@ -213,15 +213,3 @@ def fuse_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
             param.copy_(w.to(param.dtype))
     model.vsa_gates = adapter.has_gates
     logging.getLogger(__name__).info("FastH3 student fused: %s", adapter.describe())
-
-
-def check_adapter_for_folder(path: str | os.PathLike, transformer_dir: str | os.PathLike) -> Adapter:
-    """read_adapter + check_adapter against a transformer folder's config (built on the meta device: no weights),
-    for the checks made before any worker starts."""
-    from .checkpoint import meta_shapes
-    from .h3_transformer import H3Transformer, H3TransformerConfig
-
-    adapter = read_adapter(path)
-    cfg = H3TransformerConfig.from_json(Path(transformer_dir) / "config.json")
-    check_adapter(adapter, meta_shapes(lambda: H3Transformer(cfg)), cfg.num_layers)
-    return adapter

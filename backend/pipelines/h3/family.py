@@ -87,7 +87,7 @@ class H3Family:
         learned gates need."""
         from ...attention.registry import get_backend
         from ...models.checkpoint import CheckpointError
-        from ...models.fasth3 import check_adapter_for_folder
+        from .student import check_adapter_for_folder
 
         transformer = os.path.join(config.options.model_dir, "transformer")
         if not os.path.isdir(transformer):
