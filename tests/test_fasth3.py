@@ -427,7 +427,8 @@ def test_loader_student_option_reaches_the_engine(tiny_h3_dir, student, tmp_path
     monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
     monkeypatch.setattr(loader, "ensure_tiny_student", lambda: student[0])
     spec = loader.H3ModelLoader.INPUT_TYPES()
-    assert list(spec["optional"])[-1] == "student"  # appended: saved workflows keep their widget order
+    optional = list(spec["optional"])  # appended after the widgets saved workflows already have, in this order
+    assert optional[:6] == ["adaln_cache", "weights", "resident_blocks", "vsa_topk", "vsa_dense_steps", "student"]
     kind, opts = spec["optional"]["student"]
     assert kind == ["none", loader.TINY_STUDENT_NAME, "FastH3-4-step/vsa-datafree/adapter_model.safetensors"]
     assert opts["default"] == "none" and opts["tooltip"]
