@@ -512,3 +512,35 @@ def test_loader_lists_native_files_by_what_they_are_and_mixes_them(native, tiny_
         H3ModelLoader().load(TINY_NAME, "cpu", "float32", "sdpa", vae="../../etc/passwd")
     with pytest.raises(FileNotFoundError, match="needs? a Qwen tokenizer"):
         H3ModelLoader().load(NATIVE_ONLY, "cpu", "float32", "sdpa", transformer="sub/dit.safetensors")
+
+
+def test_native_files_come_from_comfyuis_folders_extra_model_paths_included(native, tmp_path, monkeypatch):
+    """Inside ComfyUI the files are listed from its folder types (diffusion_models / unet, text_encoders / clip,
+    vae), so an extra_model_paths.yaml entry is searched too; its own Qwen tokenizer folder is found."""
+    from comfyui_h3 import comfy_services as services
+
+    base = tmp_path / "ComfyUI"
+    extra = tmp_path / "yaml_dit"  # as extra_model_paths.yaml adds it to diffusion_models
+    folders = {"diffusion_models": [base / "models" / "diffusion_models", extra], "unet": [],
+               "text_encoders": [base / "models" / "text_encoders"], "clip": [], "vae": [base / "models" / "vae"]}
+    for paths in folders.values():
+        for path in paths:
+            path.mkdir(parents=True)
+    (extra / "dit.safetensors").write_bytes((native / PARTS["transformer"]).read_bytes())
+    (base / "models" / "vae" / "avae.safetensors").write_bytes((native / PARTS["audio_vae"]).read_bytes())
+    (base / "models" / "text_encoders" / "te.safetensors").write_bytes((native / PARTS["text_encoder"]).read_bytes())
+    tokenizer = base / "comfy" / "text_encoders" / "qwen25_tokenizer"
+    tokenizer.mkdir(parents=True)
+    (tokenizer / "vocab.json").write_text("{}")
+    fp = types.ModuleType("folder_paths")
+    fp.base_path = str(base)
+    fp.get_folder_paths = lambda kind: [str(p) for p in folders[kind]]
+    monkeypatch.setitem(sys.modules, "folder_paths", fp)
+    monkeypatch.delenv("COMFYUI_H3_MODELS", raising=False)
+    assert services.native_files("transformer") == services.native_files("transformer_ref") == ["dit.safetensors"]
+    assert services.native_files("audio_vae") == ["avae.safetensors"] and services.native_files("vae") == []
+    assert services.native_files("text_encoder") == ["te.safetensors"]
+    assert services.resolve_native_file("transformer", "dit.safetensors") == str(extra / "dit.safetensors")
+    with pytest.raises(FileNotFoundError, match="models/vae/"):
+        services.resolve_native_file("vae", "avae2.safetensors")
+    assert services.comfy_tokenizer_dir() == str(tokenizer)
