@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, List
+from typing import Callable, Iterable, List, Optional, Tuple
 
 from .errors import UnsafePathError
 
@@ -37,3 +37,34 @@ def _check_relative(name: str, what: str) -> List[str]:
     if any(p == ".." for p in parts):
         raise UnsafePathError(f"{what} {name!r} must not contain '..' (it would leave its folder)")
     return parts
+
+
+def find_below(root: str, depth: int, folder_match: Optional[Callable[[str], bool]] = None,
+               file_match: Optional[Callable[[str, Tuple[str, ...]], bool]] = None) -> List[str]:
+    """The one walk of the model lists: '/'-joined names, relative to `root`, of the folders `folder_match(path)`
+    accepts (not descended into) and the files `file_match(path, parts)` accepts, at most `depth` levels down, in
+    name order. Hidden entries and entries that cannot be read are skipped."""
+    found: List[str] = []
+
+    def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            sub = rel + (entry.name,)
+            try:
+                if entry.is_dir():
+                    if folder_match is not None and folder_match(entry.path):
+                        found.append("/".join(sub))
+                    elif left > 1:
+                        walk(entry.path, sub, left - 1)
+                elif file_match is not None and entry.is_file() and file_match(entry.path, sub):
+                    found.append("/".join(sub))
+            except OSError:
+                continue
+
+    walk(root, (), depth)
+    return found

@@ -15,7 +15,7 @@ import os
 from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique
+from ._fs import _check_relative, _inside, _norm, _unique, find_below
 from .errors import H3ModelNotFound
 from .models import h3_model_roots
 
@@ -39,28 +39,9 @@ def fasth3_roots() -> List[str]:
 
 
 def _scan(root: str) -> List[str]:
-    found: List[str] = []
+    return find_below(root, FASTH3_SCAN_DEPTH, file_match=lambda path, parts: parts[-1].endswith(".safetensors")
+                      and MARKER in "/".join(parts).lower())
 
-    def walk(folder: str, rel: tuple, left: int) -> None:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            sub = rel + (entry.name,)
-            try:
-                if entry.is_dir():
-                    if left > 1:
-                        walk(entry.path, sub, left - 1)
-                elif entry.name.endswith(".safetensors") and MARKER in "/".join(sub).lower():
-                    found.append("/".join(sub))
-            except OSError:
-                continue
-
-    walk(root, (), FASTH3_SCAN_DEPTH)
-    return found
 
 
 def fasth3_adapter_files(roots: Optional[Sequence[str]] = None) -> List[str]:

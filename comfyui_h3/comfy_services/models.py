@@ -7,10 +7,10 @@ addition) ``COMFYUI_H3_MODELS`` (``os.pathsep``-separated).
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique
+from ._fs import _check_relative, _inside, _norm, _unique, find_below
 from .errors import H3ModelNotFound, UnsafePathError
 
 ENV_MODELS = "COMFYUI_H3_MODELS"
@@ -92,29 +92,8 @@ def is_h3_model_dir(path: str) -> bool:
 
 def _scan(root: str, depth: int) -> List[str]:
     """Relative ('/'-joined) names of H3 folders below ``root``; a qualifying folder is not descended into."""
-    found: List[str] = []
+    return find_below(root, depth, folder_match=is_h3_model_dir)
 
-    def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                if not entry.is_dir():
-                    continue
-            except OSError:
-                continue
-            sub = rel + (entry.name,)
-            if is_h3_model_dir(entry.path):
-                found.append("/".join(sub))
-            elif left > 1:
-                walk(entry.path, sub, left - 1)
-
-    walk(root, (), depth)
-    return found
 
 
 def h3_model_dirs(roots: Optional[Sequence[str]] = None) -> List[str]:

@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from ._comfy import _comfy, _mode
-from ._fs import _check_relative, _inside, _norm
+from ._fs import _check_relative, _inside, _norm, find_below
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS
 
@@ -75,27 +75,8 @@ def _file_kind(path: str) -> Optional[str]:
 
 
 def _scan(root: str) -> List[str]:
-    found: List[str] = []
+    return find_below(root, SCAN_DEPTH, file_match=lambda path, parts: parts[-1].endswith(".safetensors"))
 
-    def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                if entry.is_dir():
-                    if left > 1:
-                        walk(entry.path, rel + (entry.name,), left - 1)
-                elif entry.name.endswith(".safetensors"):
-                    found.append("/".join(rel + (entry.name,)))
-            except OSError:
-                continue
-
-    walk(root, (), SCAN_DEPTH)
-    return found
 
 
 def native_files(component: str) -> List[str]:

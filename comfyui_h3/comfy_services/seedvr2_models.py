@@ -22,7 +22,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique
+from ._fs import _check_relative, _inside, _norm, _unique, find_below
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS, register_folder_type
 
@@ -156,31 +156,12 @@ def _named_like(kind: str, name: str, rel_parts: Sequence[str]) -> bool:
 
 def _scan(root: str, kind: str, dedicated: bool) -> List[str]:
     """'/'-joined names, relative to `root`, of the `kind` files below it (hidden entries skipped)."""
-    found: List[str] = []
+    def match(path: str, parts: Tuple[str, ...]) -> bool:
+        return (parts[-1].lower().endswith(".safetensors") and (dedicated or _named_like(kind, parts[-1], parts))
+                and seedvr2_file_kind(path) == kind)
 
-    def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            sub = rel + (entry.name,)
-            try:
-                if entry.is_dir():
-                    if left > 1:
-                        walk(entry.path, sub, left - 1)
-                    continue
-                if not entry.is_file() or not entry.name.lower().endswith(".safetensors"):
-                    continue
-            except OSError:
-                continue
-            if (dedicated or _named_like(kind, entry.name, sub)) and seedvr2_file_kind(entry.path) == kind:
-                found.append("/".join(sub))
+    return find_below(root, SEEDVR2_SCAN_DEPTH, file_match=match)
 
-    walk(root, (), SEEDVR2_SCAN_DEPTH)
-    return found
 
 
 def _files(kind: str, roots: Optional[Sequence[str]]) -> List[str]:

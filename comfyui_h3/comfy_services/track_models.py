@@ -10,10 +10,10 @@ below a root. Single-file checkpoints other packs keep in models/sam2 are not li
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique
+from ._fs import _check_relative, _inside, _norm, _unique, find_below
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS, register_folder_type
 
@@ -58,29 +58,8 @@ def _is_model(path: str) -> bool:
 
 
 def _scan(root: str) -> List[str]:
-    found: List[str] = []
+    return find_below(root, TRACK_SCAN_DEPTH, folder_match=_is_model)
 
-    def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
-        try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError:
-            return
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            try:
-                if not entry.is_dir():
-                    continue
-            except OSError:
-                continue
-            sub = rel + (entry.name,)
-            if _is_model(entry.path):
-                found.append("/".join(sub))
-            elif left > 1:
-                walk(entry.path, sub, left - 1)
-
-    walk(root, (), TRACK_SCAN_DEPTH)
-    return found
 
 
 def track_model_dirs(roots: Optional[Sequence[str]] = None) -> List[str]:
