@@ -140,3 +140,18 @@ def test_auto_picks_the_child_only_for_a_gpu_source(tmp_path):
         saver.write(_frames(1))
     with pytest.raises(ValueError, match="encoder must be"):
         StreamingVideoSaver(str(tmp_path / "c.mp4"), 64, 48, 24, encoder="fork")
+
+
+def test_buffers_go_where_there_is_room_and_the_thread_takes_over_when_nowhere_is(tmp_path, monkeypatch):
+    """A container's /dev/shm is often 64 MB, and a mapped file past a full tmpfs dies with SIGBUS on write: room is
+    checked first (temp folder next), and with room nowhere the in-process writer encodes instead."""
+    room = {"/dev/shm": 10 * 2**20}
+    monkeypatch.setattr(encoder_process, "_free_bytes", lambda folder: room.get(folder, 2**40))
+    assert encoder_process._buffer_folder(2 * 2**20) == "/dev/shm"
+    assert encoder_process._buffer_folder(6 * 2**20) != "/dev/shm"  # 2x 6 MiB does not fit 10 MiB
+    monkeypatch.setattr(encoder_process, "_free_bytes", lambda folder: 0)
+    path = str(tmp_path / "fallback.mp4")
+    with StreamingVideoSaver(path, 64, 48, 24, encoder="process") as saver:
+        saver.write(_frames(3))
+        assert saver._child is None and saver._writer is not None
+    assert _decode(path)[0].shape == (3, 48, 64, 3)

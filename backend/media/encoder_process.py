@@ -39,8 +39,24 @@ def supported() -> bool:
     return os.name == "posix"
 
 
-def _buffer_folder() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+def _free_bytes(folder: str) -> int:
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
+
+
+def _buffer_folder(nbytes: int = 0) -> str:
+    """/dev/shm when it has room for the buffers twice over (a container's default /dev/shm is 64 MB, and a mapped
+    file past a full tmpfs faults with SIGBUS on write, so room is checked, never assumed), else the temp folder."""
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK) and _free_bytes(shm) >= 2 * nbytes:
+        return shm
+    folder = tempfile.gettempdir()
+    if _free_bytes(folder) < 2 * nbytes:
+        raise OSError(f"no room for {nbytes / 2**20:.0f} MiB of encoder buffers in /dev/shm or {folder}")
+    return folder
 
 
 class SharedBuffers:
@@ -51,7 +67,7 @@ class SharedBuffers:
         self.nbytes = int(np.prod(self.shape))
         self.paths: list[str] = []
         self._maps: list[mmap.mmap] = []
-        folder = _buffer_folder()
+        folder = _buffer_folder(count * self.nbytes)
         try:
             for _ in range(count):
                 path = os.path.join(folder, f"h3-encoder-{os.getpid()}-{secrets.token_hex(6)}")

@@ -30,6 +30,7 @@ time), `wait_s` (caller blocked on a free slot), `convert_s` (caller time in qua
 from __future__ import annotations
 
 import abc
+import logging
 import os
 import queue
 import threading
@@ -324,11 +325,20 @@ class StreamingVideoSaver(ChunkedFrameStream):
         return self._gpu_yuv and device.type == "cuda" and self._takes_yuv
 
     def _make_slots(self, count, shape, cuda):
+        if self._process_mode:
+            from .encoder_process import SharedBuffers
+
+            try:
+                self._buffers = SharedBuffers(count, shape)
+            except OSError as error:  # no room for shared buffers: encode on this process's thread instead
+                logging.getLogger(__name__).warning("Encoding on a thread of this process: %s", error)
+                args, kwargs = self._writer_call
+                self._writer = Mp4Writer(*args, **kwargs)
+                self._process_mode = False
         if not self._process_mode:
             return super()._make_slots(count, shape, cuda)
-        from .encoder_process import EncoderProcess, SharedBuffers
+        from .encoder_process import EncoderProcess
 
-        self._buffers = SharedBuffers(count, shape)
         slots = [torch.from_numpy(array) for array in self._buffers.arrays]
         if cuda:  # page-lock the shared pages so the copies into them stay asynchronous
             for slot in slots:
