@@ -52,6 +52,10 @@ class H3TransformerConfig:
     norm_eps: float = 1e-5
     qk_norm_eps: float = 1e-5
     final_norm_eps: float = 1e-5
+    # 0: the time embedder and full-width AdaLN projections (the release, a diffusers folder). > 0: a "pruned" native
+    # DiT (ComfyUI's curve form): a [adaln_curve_grid, time_embed_dim] table replaces the time embedder and the AdaLN
+    # projections read its interpolated rows without silu; time_embed_dim is then the curve's width (see curve_rows).
+    adaln_curve_grid: int = 0
     extra: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -192,18 +196,35 @@ class H3TokenRefiner(nn.Module):
         return rms_norm(x, self.final_norm.weight, self.final_norm.eps)
 
 
-def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def curve_rows(table: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+    """A pruned DiT's time embedding: the rows of its curve table [G, width] at [K] t values, by ComfyUI's rule
+    (comfy/ldm/minimax/model.py, use_adaln_curves): grid point g is t = g / (G - 1); t is clamped to [0, 1], the lower
+    row is floor(t * (G - 1)) capped at G - 2 (t = 1 reads the last interval's end), and the two rows are blended
+    linearly by the fractional part, in float32. The projections after it are affine, so the modulation between two
+    grid points is the same blend of the modulations at those points."""
+    table = table.to(torch.float32)
+    pos = timesteps.to(torch.float32).clamp(0.0, 1.0) * (table.shape[0] - 1)
+    low = pos.floor().long().clamp(max=table.shape[0] - 2)
+    return torch.lerp(table[low], table[low + 1], (pos - low).unsqueeze(1))
+
+
+def _adaln_input(temb: torch.Tensor, dtype: torch.dtype, silu: bool) -> torch.Tensor:
+    return (torch.nn.functional.silu(temb) if silu else temb).to(dtype)
+
+
+def adaln_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, silu: bool = True) -> torch.Tensor:
     """A block's AdaLN projection: temb [K, time_embed_dim] -> table [K * 3, 6 * hidden] (row = timestep_index * 3 +
     tag; columns: shift/scale/gate msa, shift/scale/gate mlp). silu at temb's precision (fp32), cast to the
-    projection's dtype afterwards, as the released model does. The one home of this arithmetic: the direct path and
-    the AdaLN table cache (pipelines/h3/adaln_cache.py) both call it, so their tables are equal bit for bit."""
-    out = torch.nn.functional.linear(torch.nn.functional.silu(temb).to(weight.dtype), weight, bias)
+    projection's dtype afterwards, as the released model does (no silu for a pruned DiT's curve rows). The one home of
+    this arithmetic: the direct path and the AdaLN table cache (pipelines/h3/adaln_cache.py) both call it, so their
+    tables are equal bit for bit."""
+    out = torch.nn.functional.linear(_adaln_input(temb, weight.dtype, silu), weight, bias)
     return out.view(-1, weight.shape[0] // MODALITY_COUNT)
 
 
-def norm_out_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def norm_out_table(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, silu: bool = True) -> torch.Tensor:
     """The output norm's modulation: temb [K, time_embed_dim] -> [K, 2 * hidden] (shift | scale), row = timestep."""
-    return torch.nn.functional.linear(torch.nn.functional.silu(temb).to(weight.dtype), weight, bias)
+    return torch.nn.functional.linear(_adaln_input(temb, weight.dtype, silu), weight, bias)
 
 
 @dataclass(frozen=True)
@@ -219,16 +240,19 @@ class ModulationTables:
 class H3AdaLNProjection(nn.Module):
     """temb [K, time_embed_dim] -> six tables [K * 3, hidden] (shift/scale/gate msa, shift/scale/gate mlp)."""
 
-    def __init__(self, time_embed_dim: int, hidden: int):
+    def __init__(self, time_embed_dim: int, hidden: int, silu: bool = True):
         super().__init__()
         self.hidden = hidden
+        self.silu = silu  # False in a pruned DiT: its input is the curve table's rows (curve_rows)
         self.linear = nn.Linear(time_embed_dim, 6 * hidden * MODALITY_COUNT, bias=True)
 
-    def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, temb: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+        """`dtype`: the tables' dtype when it is not the projection's (a pruned DiT projects in float32)."""
         if self.linear.weight.numel() == 0:
             raise RuntimeError("This DiT's AdaLN projection weights are offloaded (weight policy adaln='cache'): "
                                "pass the step's ModulationTables to the forward (modulation=).")
-        return adaln_table(temb, self.linear.weight, self.linear.bias).chunk(6, dim=-1)
+        table = adaln_table(temb, self.linear.weight, self.linear.bias, self.silu)
+        return (table if dtype is None else table.to(dtype)).chunk(6, dim=-1)
 
 
 class H3Block(H3RefinerBlock):
@@ -236,7 +260,7 @@ class H3Block(H3RefinerBlock):
 
     def __init__(self, cfg: H3TransformerConfig):
         super().__init__(cfg)
-        self.adaln_proj = H3AdaLNProjection(cfg.time_embed_dim, cfg.hidden_size)
+        self.adaln_proj = H3AdaLNProjection(cfg.time_embed_dim, cfg.hidden_size, silu=not cfg.adaln_curve_grid)
         self.fp8: str | None = None  # fp8_linear.MODES when use_fp8_gemms() made the GEMMs FP8
 
     def forward(  # noqa: D102 - different signature from the refiner's on purpose
@@ -299,7 +323,13 @@ class H3Transformer(nn.Module):
         self.proj_in = nn.Linear(cfg.video_patch_dim, hidden, bias=True)
         self.audio_proj_in = nn.Linear(cfg.audio_in_channels, hidden, bias=True)
         self.context_embedder = nn.Linear(cfg.text_dim, hidden, bias=True)
-        self.time_embedder = H3TimeEmbedding(cfg.freq_dim, cfg.time_embed_hidden_dim, cfg.time_embed_dim)
+        self.pruned = cfg.adaln_curve_grid > 0
+        if self.pruned:  # ComfyUI's curve form: the table replaces the time embedder (curve_rows)
+            self.time_embedder = None
+            self.register_buffer("adaln_t_table", torch.empty(cfg.adaln_curve_grid, cfg.time_embed_dim,
+                                                              dtype=torch.float32))
+        else:
+            self.time_embedder = H3TimeEmbedding(cfg.freq_dim, cfg.time_embed_hidden_dim, cfg.time_embed_dim)
         self.register_buffer("rope_inv_freq", rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta), persistent=False)
         self.token_refiner = H3TokenRefiner(cfg)
         self.transformer_blocks = nn.ModuleList([H3Block(cfg) for _ in range(cfg.num_layers)])
@@ -315,7 +345,10 @@ class H3Transformer(nn.Module):
                 module.fuse_qkv()
 
     def time_embedding(self, timesteps: torch.Tensor) -> torch.Tensor:
-        """[K] t values -> temb [K, time_embed_dim] at the time embedder's precision (fp32 in the release)."""
+        """[K] t values -> temb [K, time_embed_dim] at the time embedder's precision (fp32 in the release); for a
+        pruned DiT the curve table's interpolated rows (float32), which its projections take without silu."""
+        if self.pruned:
+            return curve_rows(self.adaln_t_table, timesteps)
         emb = timestep_sinusoid(timesteps, self.config.freq_dim)
         return self.time_embedder(emb.to(self.time_embedder.linear_1.weight.dtype))
 
@@ -377,13 +410,16 @@ class H3Transformer(nn.Module):
             x[:, where] = (values if mine is None else values[:, mine]).to(x.dtype)
 
         temb = self.time_embedding(timesteps) if modulation is None else None
+        # a pruned DiT projects in float32 (as ComfyUI's curve form does); its tables are cast to the stream's dtype
+        mod_dtype = x.dtype if self.pruned else None
         for i, block in enumerate(stream_blocks(self.transformer_blocks, self.block_offload)):
-            mod = block.adaln_proj(temb) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
+            mod = block.adaln_proj(temb, mod_dtype) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
             x = block(x, mod, adaln_segments, rope, attention)
 
         if modulation is None:
             lin = self.norm_out.linear
-            shift, scale = norm_out_table(temb, lin.weight, lin.bias).chunk(2, dim=-1)
+            table = norm_out_table(temb, lin.weight, lin.bias, silu=not self.pruned)
+            shift, scale = (table if mod_dtype is None else table.to(mod_dtype)).chunk(2, dim=-1)
         else:
             shift, scale = modulation.out.chunk(2, dim=-1)
         x = out_segments.modulate_(rms_norm(x, self.norm_out.norm.weight, self.norm_out.norm.eps), scale, shift)

@@ -117,19 +117,24 @@ def _count(keys, prefix: str) -> int:
     return max(found) + 1 if found else 0
 
 
+# A pruned DiT's curve table and AdaLN projections (the block's, the output norm's): float32 whatever the engine's
+# dtype, as ComfyUI builds them in that form (adaln_dtype float32); they are a few MB.
+def _curve_fp32(key: str) -> bool:
+    return key == "adaln_t_table" or key.startswith("norm_out.linear.") or ".adaln_proj.linear." in key
+
+
 # -- the DiT -----------------------------------------------------------------------------------------------------------
 
 def transformer_config_from_native(nf: NativeFile, base, config_name: str = "the release's DiT config"):
     """The file's H3TransformerConfig: widths and depths read off its shapes (as ComfyUI's detection does), which
     must be `base`'s (the folder's config, or the release's; a file with fewer blocks is another model, or a cut
     one); the values shapes do not carry (rotary theta, epsilons, patch) are `base`'s."""
-    if "adaln_t_table" in nf.keys:
-        raise CheckpointError(f"{nf.path} is a 'pruned' native DiT (AdaLN over a precomputed time-embedding curve, "
-                              "no time embedder): that form is not supported yet; pick the non-pruned bf16 file.")
+    pruned = "adaln_t_table" in nf.keys
+    embedder = (("blocks.0.adaln_proj.linear.weight",) if pruned
+                else ("time_embedder.proj_in.weight", "time_embedder.proj_out.weight"))
     needed = ("video_patch_proj.weight", "final_layer.video_out.weight", "final_layer.audio_out.weight",
               "blocks.0.attn.q_norm.weight", "blocks.0.attn.qkv_proj.weight", "blocks.0.mlp.fc1.weight",
-              "condition_proj.weight", "time_embedder.proj_in.weight", "time_embedder.proj_out.weight",
-              "rope.inv_freq")
+              "condition_proj.weight", "rope.inv_freq") + embedder
     missing = [k for k in needed if k not in nf.keys]
     if missing:
         raise CheckpointError(f"{nf.path} is missing DiT weights (a partial or damaged file?): {_first(missing)}")
@@ -145,13 +150,31 @@ def transformer_config_from_native(nf: NativeFile, base, config_name: str = "the
         hidden_size=hidden, in_channels=video_in // patch, audio_in_channels=s("final_layer.audio_out.weight")[0],
         attention_head_dim=head_dim, num_attention_heads=s("blocks.0.attn.qkv_proj.weight")[0] // (3 * head_dim),
         ffn_dim=s("blocks.0.mlp.fc1.weight")[0] // 2, text_dim=s("condition_proj.weight")[1],
-        freq_dim=s("time_embedder.proj_in.weight")[1], time_embed_hidden_dim=s("time_embedder.proj_in.weight")[0],
-        time_embed_dim=s("time_embedder.proj_out.weight")[0], rope_freq_dim=s("rope.inv_freq")[0])
+        rope_freq_dim=s("rope.inv_freq")[0])
+    curve = {}
+    if pruned:  # the curve's grid and width are the file's own (1025 x 8 in Comfy-Org's); the embedder is gone
+        curve = _curve_shape(nf)
+    else:
+        found.update(freq_dim=s("time_embedder.proj_in.weight")[1],
+                     time_embed_hidden_dim=s("time_embedder.proj_in.weight")[0],
+                     time_embed_dim=s("time_embedder.proj_out.weight")[0])
     differ = [f"{k} {v} (file) vs {getattr(base, k)}" for k, v in found.items() if v != getattr(base, k)]
     if differ:
         more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
         raise CheckpointError(f"{nf.path} does not match {config_name}: {'; '.join(differ[:3])}{more}")
-    return replace(base, **found)
+    return replace(base, **found, **curve)
+
+
+def _curve_shape(nf: NativeFile) -> dict:
+    """A pruned file's adaln_t_table: [grid >= 2, width], its width the AdaLN projections' input width (ComfyUI
+    reads both off the table: model_detection.py, adaln_curve_grid / time_embed_dim)."""
+    table = nf.shape("adaln_t_table")
+    width = nf.shape("blocks.0.adaln_proj.linear.weight")
+    if len(table) != 2 or table[0] < 2 or len(width) != 2 or table[1] != width[1]:
+        raise CheckpointError(f"{nf.path}: adaln_t_table has shape {table}; a pruned DiT's curve table is [grid >= 2, "
+                              f"width] with the width its AdaLN projections take (blocks.0.adaln_proj.linear.weight "
+                              f"is {width}): a damaged or different file.")
+    return dict(adaln_curve_grid=table[0], time_embed_dim=table[1])
 
 
 def _check_rope(nf: NativeFile, cfg) -> None:
@@ -180,6 +203,9 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
     with _open(path, "transformer") as nf:
         cfg = transformer_config_from_native(nf, base, str(base_config) if base_config else
                                              "the released MiniMax-H3 DiT (give the diffusers folder it belongs to)")
+        if cfg.adaln_curve_grid and adapter is not None:
+            raise CheckpointError(f"{nf.path} is a pruned native DiT (no time embedder, AdaLN over a curve table): a "
+                                  "FastH3 adapter is made for the full DiT; pick the non-pruned bf16 file for it.")
         with reading(nf.path), torch.device("meta"):
             model = H3Transformer(cfg, attention)
         ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -191,6 +217,8 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
         dequantised = {o for link in km.links if link.native in quantised for o in link.ours}
 
         def dtype_for(key: str, stored: torch.dtype) -> torch.dtype:
+            if cfg.adaln_curve_grid and _curve_fp32(key):  # float32, as ComfyUI's curve form runs them
+                return torch.float32
             if dtype is None:  # as stored; an FP8 weight as bfloat16, what it was quantised from
                 return torch.bfloat16 if key in dequantised else stored
             return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype

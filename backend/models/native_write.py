@@ -6,6 +6,17 @@ FP8 (the DiT only; the native loader's formats, see native_file.py): every 2-D w
 refiner stored as float8_e4m3fn with one float32 scale per tensor (amax / 448), as `comfy_quant` (per-layer JSON +
 `weight_scale`, ComfyUI's current format), `scaled` (the older `scaled_fp8` marker + `scale_weight`) or `plain` (FP8
 weights, no scale).
+
+Pruned DiT (ComfyUI's "curve form", `minimax_h3_*_pruned_*`; read in comfy/ldm/minimax/model.py and
+model_detection.py): no `time_embedder.*`; a float32 buffer `adaln_t_table` [grid, width]; every AdaLN projection
+(`blocks.N.adaln_proj.linear`, `final_layer.adaln_proj.linear`) takes `width` inputs and is applied WITHOUT silu to
+the table's rows interpolated at t (h3_transformer.curve_rows: grid point g is t = g / (grid - 1)). The file is the
+same function sampled: with g(t) = silu(time_embedder(t)) [D] and G = g at the grid points, either
+- width = D (rank None): adaln_t_table = G, projections unchanged: at grid points the modulation is the full DiT's
+  exactly (to float rounding), between them the linear blend of the two neighbours'; or
+- width = r < D (Comfy-Org's files: [1025, 8]): with mean m of G's rows and V [D, r] the leading right singular
+  vectors of G - m: adaln_t_table = (G - m) V, weight' = weight V, bias' = bias + weight m (float32), exact up to the
+  rank-r truncation (the time curve is smooth, so a small r keeps it closely).
 """
 
 from __future__ import annotations
@@ -82,6 +93,43 @@ def write_native_transformer(partition, out, fp8: str | None = None, prefix: str
     stored = _stored(partition)
     native = transformer_map(stored).to_native(stored)
     native["rope.inv_freq"] = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta)
+    metadata = None
+    if fp8 is not None:
+        if fp8 not in FP8_LAYOUTS:
+            raise ValueError(f"fp8 layout must be one of {FP8_LAYOUTS}, got {fp8!r}.")
+        native, metadata = _quantise(native, fp8)
+    return _save({prefix + k: v for k, v in native.items()}, out, metadata)
+
+
+def write_native_pruned_transformer(partition, out, grid: int = 1025, rank: int | None = None,
+                                    fp8: str | None = None, prefix: str = "") -> Path:
+    """A diffusers transformer partition folder -> a pruned ("curve form") native DiT file sampling its time
+    embedder and AdaLN projections at `grid` points of t in [0, 1] (module docstring). `rank` None keeps the full
+    width (exact at the grid points); `fp8` / `prefix` as write_native_transformer."""
+    from .h3_ops import rope_inv_freq
+    from .h3_transformer import load_h3_transformer
+
+    if grid < 2:
+        raise ValueError(f"a curve table needs at least 2 grid points, got {grid}.")
+    dit = load_h3_transformer(partition, fuse=False)
+    cfg = dit.config
+    t = (torch.arange(grid, dtype=torch.float64) / (grid - 1)).to(torch.float32)
+    with torch.no_grad():
+        curve = torch.nn.functional.silu(dit.time_embedding(t)).to(torch.float32)  # [grid, D]
+    stored = {k: v for k, v in _stored(partition).items() if not k.startswith("time_embedder.")}
+    native = transformer_map(stored).to_native(stored)
+    native["rope.inv_freq"] = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta)
+    if rank is None or rank >= curve.shape[1]:
+        native["adaln_t_table"] = curve
+    else:
+        mean = curve.mean(dim=0)
+        basis = torch.linalg.svd((curve - mean).double(), full_matrices=False).Vh[:rank].T.to(torch.float32)
+        native["adaln_t_table"] = ((curve - mean) @ basis).contiguous()
+        for key in [k for k in native if k.endswith("adaln_proj.linear.weight")]:
+            weight = native[key].to(torch.float32)
+            bias_key = key[: -len("weight")] + "bias"
+            native[bias_key] = native[bias_key].to(torch.float32) + weight @ mean
+            native[key] = (weight @ basis).contiguous()
     metadata = None
     if fp8 is not None:
         if fp8 not in FP8_LAYOUTS:

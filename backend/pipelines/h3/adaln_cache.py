@@ -21,6 +21,8 @@ the output norm's projection depend only on a step's distinct timesteps, which t
   many steps), the plan runs on the direct projection: weights restored for the plan, offloaded after it.
 - Ulysses: keys come from all of a step's rows (not the rank's shard), so every rank builds the same tables; a rank
   rebuilds when any rank misses, so all ranks make the same collectives.
+A pruned native DiT (ComfyUI's curve form, h3_transformer.curve_rows) has no cache: its projections are a few MB,
+so adaln "cache" is a no-op for it (components.H3Components) and constructing one is an error.
 `report()`: the bytes held (tables on the device, weights in host memory and on the device) and the hit counts.
 """
 
@@ -77,6 +79,9 @@ class AdaLNCache:
     projection weights to host memory at once."""
 
     def __init__(self, dit):
+        if dit.pruned:  # its projections are [width 8 -> ...]: nothing to save; the components do not build one
+            raise ValueError("A pruned native DiT (AdaLN over a curve table) needs no AdaLN table cache: its AdaLN "
+                             "projections are tiny; run it with adaln 'direct'.")
         self.dit = dit
         self.device = dit.proj_in.weight.device
         self._linears: list[nn.Linear] = [b.adaln_proj.linear for b in dit.transformer_blocks]

@@ -280,15 +280,20 @@ class H3Components:
                     self.residency.detach_dits()  # the dropped partition's pinned blocks go first
                 dit = self._load_dit(name, "cpu", "compute")
                 self.residency.attach_dit(dit, self.options.weight_storage,
-                                          ("adaln_proj.",) if self.options.adaln == "cache" else ())
+                                          ("adaln_proj.",) if self._adaln_cached(dit) else ())
             else:
                 dit = self._load_dit(name, self.device, self.options.weight_storage)
             if self.options.compile_blocks:
                 compile_blocks(dit)
-            if self.options.adaln == "cache":
+            if self._adaln_cached(dit):
                 self._adaln[name] = AdaLNCache(dit)  # moves the projection weights to host memory now
             self._dits[name] = dit
         return self._dits[name]
+
+    def _adaln_cached(self, dit: H3Transformer) -> bool:
+        """adaln "cache" applies to a DiT with full AdaLN projections; for a pruned native DiT (projections over an
+        8-wide curve, a few MB) it is a no-op: the direct projection is what the cache would save memory from."""
+        return self.options.adaln == "cache" and not dit.pruned
 
     def _load_dit(self, name: str, device, storage: str) -> H3Transformer:
         """A DiT partition from its native single file (the folder's config, when it has one, for what the file's
