@@ -243,8 +243,9 @@ def test_wrong_and_partial_files_are_errors_naming_the_file_and_keys(native, tin
     cases.append((tiny_h3_dir / "vae" / "diffusion_pytorch_model.safetensors", "vae", "diffusers-layout", "folder"))
     mixed = dict({"model.diffusion_model." + k: v for k, v in dit.items()}, other=torch.zeros(1))
     cases.append((_write(tmp_path / "mixed.safetensors", mixed), "transformer", "mixes keys", "other"))
+    # a curve table beside the time embedder: neither the full nor the pruned form (tests/test_native_pruned.py)
     pruned = dict(dit, adaln_t_table=torch.zeros(4, 24))
-    cases.append((_write(tmp_path / "pruned.safetensors", pruned), "transformer", "'pruned' native DiT", "bf16"))
+    cases.append((_write(tmp_path / "pruned.safetensors", pruned), "transformer", "holds keys", "time_embedder."))
     rope = dict(dit, **{"rope.inv_freq": dit["rope.inv_freq"] * 2})
     cases.append((_write(tmp_path / "rope.safetensors", rope), "transformer", "rope.inv_freq", "rope_theta"))
     quant = dict(dit, **{"blocks.0.mlp.fc2.comfy_quant": torch.tensor(list(b'{"format": "int8_tensorwise"}'),
