@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 import torch
 
@@ -92,20 +93,12 @@ def _timed(fn, iters: int, dev) -> tuple[list[float], float]:
     return times, peak
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--text", type=int, default=502, help="text rows")
-    ap.add_argument("--layers", type=int, default=50, help="DiT blocks (the release has 50)")
-    ap.add_argument("--iters", type=int, default=2)
-    ap.add_argument("--compile", action="store_true", help="compile each block as the engine does on CUDA")
-    ap.add_argument("--tiny", action="store_true", help="a tiny config and shape (CPU when there is no GPU)")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-
+def mid_step_setup(args, script: str):
+    """The full-size (or --tiny) DiT with random weights, compiled if asked, and one mid-schedule t2va step's plan
+    and inputs (the benches that time a denoise step share this), as a namespace."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cpu" and not args.tiny:
-        sys.exit("bench/adaln_cache.py needs a CUDA GPU at full size; use --tiny to check it on the CPU.")
+        sys.exit(f"{script} needs a CUDA GPU at full size; use --tiny to check it on the CPU.")
     dtype = torch.bfloat16
     if args.tiny:
         cfg = H3TransformerConfig(**TINY)
@@ -131,6 +124,24 @@ def main() -> None:
     print(f"{layout.seq_len} rows, {cfg.num_layers} blocks, hidden {cfg.hidden_size}, bf16, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}; setup {time.perf_counter() - t0:.1f} s",
           file=sys.stderr, flush=True)
+    return types.SimpleNamespace(dev=dev, cfg=cfg, model=model, geo=geo, layout=layout, schedule=schedule, vt=vt,
+                                 at=at, gen=gen, text=text, plan=plan, video0=video0, audio0=audio0, t0=t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--text", type=int, default=502, help="text rows")
+    ap.add_argument("--layers", type=int, default=50, help="DiT blocks (the release has 50)")
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="compile each block as the engine does on CUDA")
+    ap.add_argument("--tiny", action="store_true", help="a tiny config and shape (CPU when there is no GPU)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    setup = mid_step_setup(args, "bench/adaln_cache.py")
+    dev, cfg, model, layout, schedule, text = setup.dev, setup.cfg, setup.model, setup.layout, setup.schedule, setup.text
+    plan, video0, audio0, t0 = setup.plan, setup.video0, setup.audio0, setup.t0
 
     def step(adaln=None):
         return denoise(model, plan, video0.clone(), audio0.clone(), adaln=adaln)

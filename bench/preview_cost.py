@@ -26,15 +26,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from adaln_cache import MID, STEPS, TINY, _model, _sync, _timed  # noqa: E402  (bench/ is on sys.path)
+from adaln_cache import _sync, _timed, mid_step_setup  # noqa: E402  (bench/ is on sys.path)
 
-from comfyui_h3.backend.models.h3_transformer import H3TransformerConfig  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.denoise import denoise  # noqa: E402
-from comfyui_h3.backend.pipelines.h3.geometry import frames_for_seconds, resolve_geometry  # noqa: E402
-from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.preview import LatentRGB, StepPreview  # noqa: E402
-from comfyui_h3.backend.pipelines.h3.schedule import DualSchedule, row_t  # noqa: E402
-from comfyui_h3.backend.pipelines.h3.step_plan import StepPlan  # noqa: E402
 
 BOUND = 0.02  # the issue's: previews cost under 2 % of a step
 
@@ -70,36 +65,12 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cpu" and not args.tiny:
-        sys.exit("bench/preview_cost.py needs a CUDA GPU at full size; use --tiny to check it on the CPU.")
-    dtype = torch.bfloat16
-    if args.tiny:
-        cfg = H3TransformerConfig(**TINY)
-        geo, text_rows = resolve_geometry(124, 64, 96), 7
-    else:
-        cfg = H3TransformerConfig(num_layers=args.layers)
-        geo, text_rows = resolve_geometry(frames_for_seconds(args.seconds), 768, 1344), args.text
-    t0 = time.perf_counter()
-    model = _model(cfg, dev, dtype)
-    if args.compile:
-        from comfyui_h3.backend.pipelines.h3.components import compile_blocks
-
-        compile_blocks(model)
-    layout = build_layout(torch.ones(text_rows, dtype=torch.long), geo, cfg.patch_size)
-    schedule = DualSchedule.make(STEPS + 1, 12.0, 3.0)
-    vt, at = float(schedule.video_t(MID)), float(schedule.audio_t(MID))
-    one_step = DualSchedule(schedule.video_sigmas[MID:MID + 2], schedule.audio_sigmas[MID:MID + 2])
-    gen = torch.Generator().manual_seed(1)
-    text = torch.randn(1, text_rows, cfg.text_dim, generator=gen).to(dev, dtype)
-    plan = StepPlan(layout, text, one_step, lambda i: row_t(layout, vt, at))
-    video0 = torch.randn(layout.video_indices.numel(), cfg.video_patch_dim, generator=gen).to(dev)
-    audio0 = torch.randn(layout.audio_indices.numel(), cfg.audio_in_channels, generator=gen).to(dev)
+    setup = mid_step_setup(args, "bench/preview_cost.py")
+    dev, cfg, model, layout, geo, plan = setup.dev, setup.cfg, setup.model, setup.layout, setup.geo, setup.plan
+    video0, audio0, t0, gen, vt = setup.video0, setup.audio0, setup.t0, setup.gen, setup.vt
     channels = cfg.video_patch_dim // (cfg.patch_size[0] * cfg.patch_size[1] * cfg.patch_size[2])
     rgb = LatentRGB(torch.randn(channels, 3, generator=gen) * 0.2, torch.full((3,), 0.5)).to(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    print(f"{layout.seq_len} rows, {cfg.num_layers} blocks, hidden {cfg.hidden_size}, bf16, torch {torch.__version__}, "
-          f"{name}; setup {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     sheets = []
 
