@@ -13,6 +13,7 @@
 // Grow / feather / invert are the node's widgets (one place for them); the host passes their values to
 // setSettings so the preview shows the mask as the node will make it.
 
+import { el } from "./dom.js";
 import {
   addShape, clampSetting, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe,
   renderFrame, replaceShape, serializeState, shapesAt, sortedKeyframes, translateShape,
@@ -26,17 +27,6 @@ const TOOLS = [
   ["move", "Move a rectangle / ellipse on this frame (makes a keyframe)"],
 ];
 const PREVIEW_MAX = 512;
-
-function el(tag, attrs = {}, children = []) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "style") node.style.cssText = v;
-    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else node.setAttribute(k, v);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
 
 export class MaskEditor {
   constructor(root, options = {}) {

@@ -15,6 +15,7 @@
 //     onClose: () => {},
 //   });
 
+import { el } from "./dom.js";
 import {
   UndoStack, addPoint, adjacentKeyframe, clampBrush, clampOpacity, clampToDoc, clearFramePrompts, emptyPrompts,
   fitView, insideDoc, movePoint, nearestPrompt, nextObjectId, objectColour, objectIds, onionFrames, panBy, parsePrompts,
@@ -46,17 +47,6 @@ const ONION_COLOURS = { before: "#3fa9ff", after: "#ffd23f" };
 const PREFS_KEY = "comfyui_h3.videoEditor";
 const DEFAULT_PREFS = { tint: "#ff2020", opacity: 0.5, onion: true, onionDepth: 1, size: 32 };
 const FRAME_CACHE = 48;
-
-function el(tag, attrs = {}, children = []) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "style") node.style.cssText = v;
-    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
-    else node.setAttribute(k, v);
-  }
-  for (const child of children) node.append(child);
-  return node;
-}
 
 function loadPrefs() {
   try {
