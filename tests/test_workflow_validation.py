@@ -176,8 +176,11 @@ def test_shipped_workflow_edits_are_refused_before_running(name, sets):
 
 @pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
 def test_verdicts_equal_a_real_comfyui(comfy):
-    """The same edited workflows, POSTed to a real ComfyUI: it refuses each (400) on the nodes and inputs `run`
-    names (an error of a node's own VALIDATE_INPUTS is listed by ComfyUI once per input it names)."""
+    """The same edited workflows, POSTed to a real ComfyUI: it refuses each on the nodes and inputs `run` names (an
+    error of a node's own VALIDATE_INPUTS is listed by ComfyUI once per input it names). A workflow with another
+    output that still validates (h3_generate_then_upscale previews the H3 clip before upscaling) is queued by ComfyUI
+    for that output alone (200, with the same node_errors); `run` refuses it whole: a partial result from a typo
+    helps no one."""
     from comfyui_h3.registration import NODE_CLASS_MAPPINGS
 
     for name, sets in BAD_EDITS:
@@ -186,7 +189,8 @@ def test_verdicts_equal_a_real_comfyui(comfy):
             validate_workflow(prompt, NODE_CLASS_MAPPINGS)
         ours = info.value.problems
         status, body = comfy.request("/prompt", {"prompt": json.loads(json.dumps(prompt))})
-        assert status == 400, comfy.why(f"{sets}: ComfyUI accepted what run refuses: {body}")
+        assert status == 400 or (status == 200 and body.get("node_errors")), comfy.why(
+            f"{sets}: ComfyUI accepted what run refuses: {body}")
         theirs = body["node_errors"]
         assert set(theirs) == {nid for nid, _, _ in ours}, (sets, theirs, ours)
         for nid, input_name, _ in ours:
