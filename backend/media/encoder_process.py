@@ -2,9 +2,9 @@
 the process that launches GPU work.
 
 Why: a launch-bound decoder (the released H3 VAE issues ~600k kernels per 10-s decode, 17 s of CPU for 13.5 s of GPU
-time) slowed by 10-31% (H200 runs) when an encoder thread in the same process held the GIL for frame conversion and muxing, and
-lowering that thread's priority made it worse (the GIL holder was preempted). docs/BENCHMARKS.md, "Decode streamed
-into the MP4", has the numbers.
+time) slowed by 10-31% (H200 runs) when an encoder thread in the same process held the GIL for frame conversion and
+muxing, and lowering that thread's priority made it worse (the GIL holder was preempted). docs/BENCHMARKS.md,
+"Decode streamed into the MP4", has the numbers.
 
 Protocol (one child per file; `multiprocessing.connection` over a socket pair, pickled tuples):
     parent -> child: ("open", buffer paths, buffer shape, writer args, writer kwargs, nice)
