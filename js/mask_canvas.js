@@ -16,7 +16,7 @@
 import { el } from "./dom.js";
 import {
   addShape, clampSetting, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe,
-  renderFrame, replaceShape, serializeState, shapesAt, sortedKeyframes, translateShape,
+  renderFrame, replaceShape, serializeState, shapesAt, sortedKeyframes, spanShape, translateShape,
 } from "./mask_logic.js";
 
 const TOOLS = [
@@ -214,10 +214,8 @@ export class MaskEditor {
       shape = { ...shape, points: [...shape.points, [x, y]] };
     } else if (this.tool === "move") {
       shape = translateShape(d.original, x - d.x, y - d.y);
-    } else if (shape.type === "rect") {
-      shape = { ...shape, x: Math.min(d.x, x), y: Math.min(d.y, y), w: Math.abs(x - d.x), h: Math.abs(y - d.y) };
-    } else if (shape.type === "ellipse") {
-      shape = { ...shape, cx: (d.x + x) / 2, cy: (d.y + y) / 2, rx: Math.abs(x - d.x) / 2, ry: Math.abs(y - d.y) / 2 };
+    } else {
+      shape = spanShape(shape, d.x, d.y, x, y);
     }
     d.shape = shape;
     this.state = replaceShape(this.state, this.frame, shape);

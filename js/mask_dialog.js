@@ -15,33 +15,20 @@
 //     onClose: () => {},
 //   });
 
+import { drawLayer, drawPrompts, drawTicks } from "./dialog_draw.js";
+import { buildDialog } from "./dialog_view.js";
 import { el } from "./dom.js";
 import {
-  UndoStack, addPoint, adjacentKeyframe, clampBrush, clampOpacity, clampToDoc, clearFramePrompts, emptyPrompts,
-  fitView, insideDoc, movePoint, nearestPrompt, nextObjectId, objectColour, objectIds, onionFrames, panBy, parsePrompts,
-  promptFrames, promptSummary, promptsOn, removeObject, removePrompt, ringRadius, serializePrompts, setBox, stepFrame,
+  UndoStack, addPoint, adjacentKeyframe, clampBrush, clampOpacity, clampToDoc, emptyPrompts,
+  fitView, insideDoc, movePoint, nearestPrompt, objectColour, objectIds, onionFrames, panBy, parsePrompts,
+  promptFrames, promptSummary, promptsOn, removePrompt, ringRadius, serializePrompts, setBox, stepFrame,
   toDoc, wheelFactor, zoomAt, zoomLimits,
 } from "./editor_logic.js";
 import {
-  addShape, clearKeyframe, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, removeKeyframe, replaceShape,
-  serializeState, shapesAt, sortedKeyframes, translateShape,
+  addShape, ensureKeyframe, hitShape, keyframeAt, newShapeId, parseState, replaceShape,
+  serializeState, shapesAt, sortedKeyframes, spanShape, translateShape,
 } from "./mask_logic.js";
 
-const MASK_TOOLS = [
-  ["brush", "brush", "Brush: paint the mask (B)"],
-  ["eraser", "eraser", "Eraser: remove painted mask (E)"],
-  ["rect", "rect", "Rectangle: moves smoothly between keyframes (R)"],
-  ["ellipse", "ellipse", "Ellipse: moves smoothly between keyframes (O)"],
-  ["move", "move", "Move a rectangle / ellipse on this frame; makes a keyframe (V)"],
-  ["pan", "pan", "Pan the view (H; or drag with the middle button, or hold Space and drag)"],
-];
-const PROMPT_TOOLS = [
-  ["point-pos", "click +", "Positive click: this is the object (A)"],
-  ["point-neg", "click −", "Negative click: this is not the object (N)"],
-  ["box", "box", "Box around the object on this frame; one per object and frame (X)"],
-  ["remove-prompt", "remove", "Remove the click or box nearest the pointer (D)"],
-  ["pan", "pan", "Pan the view (H; or drag with the middle button, or hold Space and drag)"],
-];
 const TOOL_KEYS = { b: "brush", e: "eraser", r: "rect", o: "ellipse", v: "move", h: "pan", a: "point-pos", n: "point-neg", x: "box", d: "remove-prompt" };
 const ONION_COLOURS = { before: "#3fa9ff", after: "#ffd23f" };
 const PREFS_KEY = "comfyui_h3.videoEditor";
@@ -56,29 +43,6 @@ function loadPrefs() {
   }
 }
 
-const CSS = `
-.h3-ve-overlay{position:fixed;inset:0;z-index:10000;background:rgba(0,0,0,.6);font:12px/1.3 sans-serif;color:#ddd}
-.h3-ve-panel{position:absolute;inset:14px;display:flex;flex-direction:column;background:#1d1d1f;border:1px solid #444;border-radius:8px;overflow:hidden;box-shadow:0 8px 32px rgba(0,0,0,.6)}
-.h3-ve-row{display:flex;flex-wrap:wrap;gap:6px;align-items:center;padding:5px 10px;border-bottom:1px solid #333}
-.h3-ve-row button{background:#2c2c30;color:#ddd;border:1px solid #555;border-radius:4px;padding:3px 8px;cursor:pointer;font:12px sans-serif}
-.h3-ve-row button:hover{background:#3a3a40}
-.h3-ve-row button.h3-ve-on{background:#2d5a8a;border-color:#4af;color:#fff}
-.h3-ve-row button:disabled{opacity:.4;cursor:default}
-.h3-ve-overlay input[type=range],.h3-ve-overlay input[type=checkbox]{accent-color:#4af}
-.h3-ve-row input[type=number]{width:54px;background:#111;color:#ddd;border:1px solid #555;border-radius:3px;padding:2px 4px}
-.h3-ve-row select{background:#111;color:#ddd;border:1px solid #555;border-radius:3px;padding:2px 4px}
-.h3-ve-sep{width:1px;height:20px;background:#444;margin:0 4px}
-.h3-ve-title{font-weight:bold;font-size:13px;color:#fff}
-.h3-ve-view{flex:1;position:relative;overflow:hidden;background:#0d0d0e;min-height:120px}
-.h3-ve-view canvas{position:absolute;inset:0;width:100%;height:100%;touch-action:none}
-.h3-ve-transport{display:flex;gap:6px;align-items:center;padding:6px 10px;border-top:1px solid #333}
-.h3-ve-transport button{background:#2c2c30;color:#ddd;border:1px solid #555;border-radius:4px;padding:3px 8px;cursor:pointer;min-width:30px}
-.h3-ve-timeline{flex:1;display:flex;flex-direction:column;gap:1px}
-.h3-ve-timeline input{width:100%;margin:0}
-.h3-ve-ticks{height:8px;width:100%}
-.h3-ve-status{padding:3px 10px 6px;color:#999;min-height:16px}
-.h3-ve-warn{color:#fc6}
-`;
 
 export class VideoEditorDialog {
   constructor(options) {
@@ -179,111 +143,7 @@ export class VideoEditorDialog {
 
   // -- DOM ----------------------------------------------------------------------------------------------------------
   build() {
-    if (!document.getElementById("h3-ve-style")) document.head.append(el("style", { id: "h3-ve-style" }, [CSS]));
-    // After a click the keyboard goes back to the viewport: Space on a focused button would press it again.
-    const button = (label, title, attrs, onclick) => el("button", { title, ...attrs,
-      onclick: (e) => { onclick(e); if (!this.closed) this.canvas.focus({ preventScroll: true }); } }, [label]);
-    this.overlay = el("div", { class: "h3-ve-overlay", "data-role": "video-editor", "data-mode": this.mode });
-    const panel = el("div", { class: "h3-ve-panel" });
-    this.overlay.append(panel);
-
-    const header = el("div", { class: "h3-ve-row" });
-    header.append(el("span", { class: "h3-ve-title" }, [this.options.title || (this.mode === "mask" ? "H3 Mask Draw" : "H3 Track Mask")]));
-    header.append(el("span", { style: "color:#888" }, [this.mode === "mask"
-      ? "grow / feather / invert: the node's widgets (its preview shows them)"
-      : "clicks and boxes in source-video pixels, on any frames; the tracker carries them through the clip"]));
-    header.append(el("span", { style: "flex:1" }));
-    header.append(button("Close", "Close the editor (Esc); every edit is already in the node", { "data-action": "close" }, () => this.close()));
-
-    const tools = el("div", { class: "h3-ve-row" });
-    this.toolButtons = {};
-    for (const [name, label, title] of this.mode === "mask" ? MASK_TOOLS : PROMPT_TOOLS) {
-      const b = button(label, title, { "data-tool": name }, () => this.setTool(name));
-      this.toolButtons[name] = b;
-      tools.append(b);
-    }
-    tools.append(el("span", { class: "h3-ve-sep" }));
-    if (this.mode === "mask") {
-      this.sizeBox = el("input", { type: "number", min: "1", max: "512", step: "1", "data-role": "size", title: "Brush size in video pixels ([ and ] change it)",
-        onchange: (e) => this.setSize(e.target.value) });
-      this.sizeRange = el("input", { type: "range", min: "1", max: "256", "data-role": "size-range", title: "Brush size", style: "width:110px",
-        oninput: (e) => this.setSize(e.target.value) });
-      tools.append("size", this.sizeBox, this.sizeRange, el("span", { class: "h3-ve-sep" }));
-    }
-    this.undoButton = button("↶ undo", "Undo (Ctrl+Z)", { "data-action": "undo" }, () => this.undo());
-    this.redoButton = button("↷ redo", "Redo (Ctrl+Shift+Z or Ctrl+Y)", { "data-action": "redo" }, () => this.redo());
-    tools.append(this.undoButton, this.redoButton, el("span", { class: "h3-ve-sep" }));
-    if (this.mode === "mask") {
-      this.tintInput = el("input", { type: "color", value: this.prefs.tint, "data-role": "tint", title: "Mask tint colour",
-        oninput: (e) => { this.prefs.tint = e.target.value; this.savePrefs(); this.render(); } });
-      this.opacityInput = el("input", { type: "range", min: "0", max: "100", value: String(Math.round(clampOpacity(this.prefs.opacity) * 100)),
-        "data-role": "opacity", title: "Mask tint opacity", style: "width:90px",
-        oninput: (e) => { this.prefs.opacity = clampOpacity(Number(e.target.value) / 100); this.savePrefs(); this.render(); } });
-      tools.append("tint", this.tintInput, this.opacityInput, el("span", { class: "h3-ve-sep" }));
-    }
-    this.onionInput = el("input", { type: "checkbox", "data-role": "onion", title: "Onion skin: show the neighbouring keyframes (blue: before, yellow: after)",
-      onchange: (e) => { this.prefs.onion = e.target.checked; this.savePrefs(); this.render(); } });
-    this.onionInput.checked = Boolean(this.prefs.onion);
-    this.onionDepth = el("input", { type: "number", min: "1", max: "5", step: "1", value: String(this.prefs.onionDepth), "data-role": "onion-depth",
-      title: "How many keyframes either side the onion skin shows", style: "width:40px",
-      onchange: (e) => { this.prefs.onionDepth = Math.min(5, Math.max(1, Math.trunc(Number(e.target.value)) || 1)); e.target.value = String(this.prefs.onionDepth); this.savePrefs(); this.render(); } });
-    tools.append(el("label", { style: "display:flex;gap:3px;align-items:center" }, [this.onionInput, "onion"]), this.onionDepth, el("span", { class: "h3-ve-sep" }));
-    this.zoomLabel = el("span", { "data-role": "zoom", style: "min-width:44px;text-align:center" });
-    tools.append(button("−", "Zoom out (wheel)", { "data-action": "zoom-out" }, () => this.zoomBy(1 / 1.25)),
-      this.zoomLabel, button("+", "Zoom in (wheel)", { "data-action": "zoom-in" }, () => this.zoomBy(1.25)),
-      button("fit", "Fit the frame in the window (F)", { "data-action": "fit" }, () => this.fit()),
-      button("1:1", "One video pixel per screen pixel", { "data-action": "zoom-1" }, () => this.zoomTo(1)));
-
-    const edit = el("div", { class: "h3-ve-row" });
-    if (this.mode === "mask") {
-      edit.append(button("key +", "Add a keyframe here (copies the shapes as they are on this frame)", { "data-action": "key-add" },
-        () => this.commit(ensureKeyframe(this.model, this.frame))));
-      edit.append(button("key −", "Remove this frame's keyframe", { "data-action": "key-remove" }, () => this.commit(removeKeyframe(this.model, this.frame))));
-      edit.append(button("clear frame", "Remove every shape of this frame's keyframe", { "data-action": "clear" }, () => this.commit(clearKeyframe(this.model, this.frame))));
-    } else {
-      this.objectSelect = el("select", { "data-role": "object", title: "The object the clicks and boxes belong to",
-        onchange: (e) => { this.objectId = Number(e.target.value); this.refresh(); } });
-      edit.append("object", this.objectSelect,
-        button("+ object", "Track another object (its own clicks and boxes)", { "data-action": "object-add" }, () => {
-          this.objectId = nextObjectId(this.model, [this.objectId]);
-          this.refresh();
-        }),
-        button("delete object", "Remove this object and all its clicks and boxes", { "data-action": "object-remove" }, () => {
-          const next = removeObject(this.model, this.objectId);
-          this.objectId = objectIds(next)[0] ?? 1;
-          this.commit(next);
-        }),
-        button("clear frame", "Remove this object's clicks and boxes on this frame", { "data-action": "clear" },
-          () => this.commit(clearFramePrompts(this.model, this.frame, this.objectId))));
-    }
-    this.summary = el("span", { "data-role": "summary", style: "color:#aaa;margin-left:8px" });
-    edit.append(this.summary);
-
-    this.view = el("div", { class: "h3-ve-view" });
-    this.canvas = el("canvas", { class: "h3-ve-canvas", "data-role": "viewport", tabindex: "0", style: "outline:none" });
-    this.view.append(this.canvas);
-    this.layer = document.createElement("canvas");  // offscreen: one mask / onion layer at a time, tinted then drawn
-    this.rimLayer = document.createElement("canvas");  // offscreen: an onion layer's inside, cut away to leave its rim
-
-    const transport = el("div", { class: "h3-ve-transport" });
-    this.playButton = button("▶", "Play / pause (Space)", { "data-action": "play" }, () => this.togglePlay());
-    this.scrubber = el("input", { type: "range", min: "0", max: "0", value: "0", step: "1", "data-role": "scrubber", title: "Frame (← → step; Shift+← → jump keyframes)",
-      oninput: (e) => this.setFrame(Number(e.target.value)) });
-    this.ticks = el("canvas", { class: "h3-ve-ticks", "data-role": "ticks" });
-    this.frameLabel = el("span", { "data-role": "frame-label", style: "min-width:260px;color:#bbb" });
-    transport.append(
-      button("◀ key", "Previous keyframe (Shift+←)", { "data-action": "key-prev" }, () => this.jumpKey(-1)),
-      button("◀", "Previous frame (←)", { "data-action": "frame-prev" }, () => this.setFrame(this.frame - 1)),
-      this.playButton,
-      button("▶|", "Next frame (→)", { "data-action": "frame-next" }, () => this.setFrame(this.frame + 1)),
-      button("key ▶", "Next keyframe (Shift+→)", { "data-action": "key-next" }, () => this.jumpKey(1)),
-      el("div", { class: "h3-ve-timeline" }, [this.ticks, this.scrubber]),
-      this.frameLabel);
-    this.status = el("div", { class: "h3-ve-status", "data-role": "status" });
-    panel.append(header, tools, edit, this.view, transport, this.status);
-    document.body.append(this.overlay);
-    this.setTool(this.tool);
-    this.setSize(this.size);
+    buildDialog(this);
   }
 
   listen() {
@@ -563,10 +423,8 @@ export class VideoEditorDialog {
         shape = { ...shape, points: [...shape.points, [x, y]] };
       } else if (d.moving) {
         shape = translateShape(d.original, x - d.x, y - d.y);
-      } else if (shape.type === "rect") {
-        shape = { ...shape, x: Math.min(d.x, x), y: Math.min(d.y, y), w: Math.abs(x - d.x), h: Math.abs(y - d.y) };
-      } else if (shape.type === "ellipse") {
-        shape = { ...shape, cx: (d.x + x) / 2, cy: (d.y + y) / 2, rx: Math.abs(x - d.x) / 2, ry: Math.abs(y - d.y) / 2 };
+      } else {
+        shape = spanShape(shape, d.x, d.y, x, y);
       }
       d.shape = shape;
       this.model = replaceShape(this.model, d.frame, shape);
@@ -701,129 +559,23 @@ export class VideoEditorDialog {
       ctx.fillText(String(this.size), px * dpr + r + 4 * dpr, py * dpr - 4 * dpr);
     }
     this.zoomLabel.textContent = w && h ? `${Math.round(v.scale * 100)}%` : "–";
-    this.renderTicks();
+    drawTicks(this.ticks, this.frameCount, this.keyFrames(), this.frame);
     this.renderLabels(frameNote);
   }
 
-  // One layer of shapes, tinted and drawn at `alpha` over the frame; `rim`: a faint fill and a strong edge (onion
-  // skins, so the current frame's mask stays readable under them).
-  drawLayer(ctx, shapes, colour, alpha, dpr, rim = false) {
-    const v = this.view_;
-    const lc = this.layer.getContext("2d");
-    lc.setTransform(1, 0, 0, 1, 0, 0);
-    lc.globalCompositeOperation = "source-over";
-    lc.clearRect(0, 0, this.layer.width, this.layer.height);
-    lc.setTransform(dpr * v.scale, 0, 0, dpr * v.scale, dpr * v.ox, dpr * v.oy);
-    lc.fillStyle = lc.strokeStyle = "#fff";
-    for (const s of shapes) {
-      lc.globalCompositeOperation = s.type === "eraser" ? "destination-out" : "source-over";
-      if (s.type === "rect") {
-        lc.fillRect(Math.min(s.x, s.x + s.w), Math.min(s.y, s.y + s.h), Math.abs(s.w), Math.abs(s.h));
-      } else if (s.type === "ellipse") {
-        if (s.rx > 0 && s.ry > 0) { lc.beginPath(); lc.ellipse(s.cx, s.cy, s.rx, s.ry, 0, 0, 2 * Math.PI); lc.fill(); }
-      } else if (s.points?.length) {
-        const r = Number(s.size ?? 1) / 2;
-        if (s.points.length === 1) {
-          lc.beginPath(); lc.arc(s.points[0][0], s.points[0][1], r, 0, 2 * Math.PI); lc.fill();
-        } else {
-          lc.lineWidth = 2 * r; lc.lineCap = "round"; lc.lineJoin = "round";
-          lc.beginPath();
-          lc.moveTo(s.points[0][0], s.points[0][1]);
-          for (const [x, y] of s.points.slice(1)) lc.lineTo(x, y);
-          lc.stroke();
-        }
-      }
-    }
-    lc.setTransform(1, 0, 0, 1, 0, 0);
-    let inside = null;
-    if (rim) {  // the layer eroded by a couple of pixels: itself intersected with copies shifted four ways
-      inside = this.rimLayer.getContext("2d");
-      const w = Math.max(1, Math.round(2 * dpr));
-      inside.globalCompositeOperation = "source-over";
-      inside.clearRect(0, 0, this.rimLayer.width, this.rimLayer.height);
-      inside.drawImage(this.layer, 0, 0);
-      inside.globalCompositeOperation = "destination-in";
-      for (const [dx, dy] of [[w, 0], [-w, 0], [0, w], [0, -w]]) inside.drawImage(this.layer, dx, dy);
-      inside.globalCompositeOperation = "source-over";
-    }
-    lc.globalCompositeOperation = "source-in";
-    lc.fillStyle = colour;
-    lc.fillRect(0, 0, this.layer.width, this.layer.height);
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    ctx.globalAlpha = rim ? alpha * 0.3 : alpha;
-    ctx.drawImage(this.layer, 0, 0);
-    if (rim) {
-      lc.globalCompositeOperation = "destination-out";
-      lc.drawImage(this.rimLayer, 0, 0);
-      ctx.globalAlpha = alpha;
-      ctx.drawImage(this.layer, 0, 0);
-    }
-    lc.globalCompositeOperation = "source-over";
-    ctx.globalAlpha = 1;
-  }
-
   renderMask(ctx, onion, dpr) {
-    this.drawLayer(ctx, shapesAt(this.model, this.frame), this.prefs.tint, clampOpacity(this.prefs.opacity), dpr);
+    drawLayer(ctx, this.layer, this.rimLayer, this.view_, shapesAt(this.model, this.frame), this.prefs.tint, clampOpacity(this.prefs.opacity), dpr);
     // over the current mask, nearest last: a keyframe that holds the same shapes still shows its edge
     [...onion.before.map((f, k) => [f, k, ONION_COLOURS.before]), ...onion.after.map((f, k) => [f, k, ONION_COLOURS.after])]
       .sort((a, b) => b[1] - a[1])
-      .forEach(([f, k, colour]) => this.drawLayer(ctx, shapesAt(this.model, f), colour, 0.9 / (k + 1), dpr, true));
+      .forEach(([f, k, colour]) => drawLayer(ctx, this.layer, this.rimLayer, this.view_, shapesAt(this.model, f), colour, 0.9 / (k + 1), dpr, true));
   }
 
   renderPrompts(ctx, onion, dpr) {
     const v = this.view_;
     const frames = [...onion.before.map((f, k) => [f, 0.45 / (k + 1)]), ...onion.after.map((f, k) => [f, 0.45 / (k + 1)])];
-    for (const [f, alpha] of frames) for (const o of promptsOn(this.model, f)) this.drawPrompts(ctx, o, alpha, dpr, v, true);
-    for (const o of promptsOn(this.model, this.frame)) this.drawPrompts(ctx, o, 1, dpr, v, false);
-  }
-
-  drawPrompts(ctx, o, alpha, dpr, v, ghost) {
-    const colour = objectColour(o.id);
-    const selected = o.id === this.objectId;
-    ctx.globalAlpha = alpha;
-    ctx.setTransform(dpr * v.scale, 0, 0, dpr * v.scale, dpr * v.ox, dpr * v.oy);
-    for (const b of o.boxes) {
-      ctx.fillStyle = colour;
-      ctx.globalAlpha = alpha * (ghost ? 0.05 : 0.12);
-      ctx.fillRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
-      ctx.globalAlpha = alpha;
-      ctx.lineWidth = (selected && !ghost ? 2.5 : 1.5) / v.scale;
-      ctx.strokeStyle = colour;
-      ctx.setLineDash(ghost ? [6 / v.scale, 4 / v.scale] : []);
-      ctx.strokeRect(b.x0, b.y0, b.x1 - b.x0, b.y1 - b.y0);
-      ctx.setLineDash([]);
-    }
-    ctx.setTransform(1, 0, 0, 1, 0, 0);
-    for (const p of o.points) {
-      const x = (p.x * v.scale + v.ox) * dpr, y = (p.y * v.scale + v.oy) * dpr, r = (selected && !ghost ? 10 : 8) * dpr;
-      ctx.beginPath(); ctx.arc(x, y, r + 1.5 * dpr, 0, 2 * Math.PI);
-      ctx.fillStyle = "rgba(0,0,0,0.6)";  // a dark halo: the marker reads on light and dark frames alike
-      ctx.fill();
-      ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI);
-      ctx.fillStyle = ghost ? "rgba(0,0,0,0)" : (p.positive ? colour : "#111");
-      ctx.fill();
-      ctx.lineWidth = 2 * dpr;
-      ctx.strokeStyle = p.positive ? "#fff" : colour;
-      ctx.stroke();
-      ctx.beginPath();  // the sign: + for positive, − for negative
-      ctx.moveTo(x - r * 0.5, y); ctx.lineTo(x + r * 0.5, y);
-      if (p.positive) { ctx.moveTo(x, y - r * 0.5); ctx.lineTo(x, y + r * 0.5); }
-      ctx.strokeStyle = p.positive ? "#fff" : colour;
-      ctx.stroke();
-    }
-    ctx.globalAlpha = 1;
-  }
-
-  renderTicks() {
-    const c = this.ticks, ctx = c.getContext("2d");
-    ctx.clearRect(0, 0, c.width, c.height);
-    const n = this.frameCount;
-    const pad = 8 * (window.devicePixelRatio || 1);  // the range input's thumb half-width, so ticks line up with it
-    const at = (f) => pad + (n > 1 ? f / (n - 1) : 0) * (c.width - 2 * pad);
-    ctx.fillStyle = "#e8b030";
-    for (const f of this.keyFrames()) ctx.fillRect(Math.round(at(f)) - 1, 0, 3, c.height);
-    ctx.fillStyle = "#fff";
-    ctx.fillRect(Math.round(at(this.frame)), 0, 1, c.height);
+    for (const [f, alpha] of frames) for (const o of promptsOn(this.model, f)) drawPrompts(ctx, o, alpha, dpr, v, true, o.id === this.objectId);
+    for (const o of promptsOn(this.model, this.frame)) drawPrompts(ctx, o, 1, dpr, v, false, o.id === this.objectId);
   }
 
   renderLabels(frameNote) {

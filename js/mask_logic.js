@@ -284,3 +284,10 @@ export function translateShape(shape, dx, dy) {
   if (shape.type === "ellipse") return { ...shape, cx: shape.cx + dx, cy: shape.cy + dy };
   return { ...shape, points: shape.points.map(([x, y]) => [x + dx, y + dy]) };
 }
+
+// A rectangle / ellipse spanned by a drag from (x0, y0) to (x, y) (both editors draw them so); other shapes unchanged.
+export function spanShape(shape, x0, y0, x, y) {
+  if (shape.type === "rect") return { ...shape, x: Math.min(x0, x), y: Math.min(y0, y), w: Math.abs(x - x0), h: Math.abs(y - y0) };
+  if (shape.type === "ellipse") return { ...shape, cx: (x0 + x) / 2, cy: (y0 + y) / 2, rx: Math.abs(x - x0) / 2, ry: Math.abs(y - y0) / 2 };
+  return shape;
+}

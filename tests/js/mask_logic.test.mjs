@@ -3,7 +3,7 @@ import test from "node:test";
 import assert from "node:assert/strict";
 import {
   addShape, clampSetting, ensureKeyframe, growFeatherInvert, parseState, rasterizeShapes, removeKeyframe, renderFrame,
-  serializeState, shapesAt,
+  serializeState, shapesAt, spanShape,
 } from "../../js/mask_logic.js";
 
 const sum = (m) => m.reduce((a, b) => a + b, 0);
@@ -87,4 +87,13 @@ test("grow / feather from the node widgets are clamped to their range for the pr
   assert.equal(clampSetting(1e9, { min: 0, max: 256 }), 256);
   assert.equal(clampSetting(Infinity, { min: 0, max: 256 }, 4), 4);
   assert.equal(clampSetting(40, { min: NaN, max: undefined }), 40);  // no range given: only made an integer
+});
+
+test("a drag spans rectangles and ellipses from its start corner, in any direction", () => {
+  const rect = { id: 1, type: "rect", x: 0, y: 0, w: 0, h: 0 };
+  assert.deepEqual(spanShape(rect, 10, 20, 4, 30), { id: 1, type: "rect", x: 4, y: 20, w: 6, h: 10 });
+  const ellipse = { id: 2, type: "ellipse", cx: 0, cy: 0, rx: 0, ry: 0 };
+  assert.deepEqual(spanShape(ellipse, 10, 20, 4, 30), { id: 2, type: "ellipse", cx: 7, cy: 25, rx: 3, ry: 5 });
+  const brush = { id: 3, type: "brush", size: 4, points: [[1, 1]] };
+  assert.equal(spanShape(brush, 0, 0, 9, 9), brush);
 });
