@@ -16,7 +16,7 @@
 //   });
 
 import { drawLayer, drawPrompts, drawTicks } from "./dialog_draw.js";
-import { buildDialog } from "./dialog_view.js";
+import { TOOL_KEYS, buildDialog } from "./dialog_view.js";
 import { el } from "./dom.js";
 import {
   UndoStack, addPoint, adjacentKeyframe, clampBrush, clampOpacity, clampToDoc, emptyPrompts,
@@ -29,7 +29,6 @@ import {
   serializeState, shapesAt, sortedKeyframes, spanShape, translateShape,
 } from "./mask_logic.js";
 
-const TOOL_KEYS = { b: "brush", e: "eraser", r: "rect", o: "ellipse", v: "move", h: "pan", a: "point-pos", n: "point-neg", x: "box", d: "remove-prompt" };
 const ONION_COLOURS = { before: "#3fa9ff", after: "#ffd23f" };
 const PREFS_KEY = "comfyui_h3.videoEditor";
 const DEFAULT_PREFS = { tint: "#ff2020", opacity: 0.5, onion: true, onionDepth: 1, size: 32 };
