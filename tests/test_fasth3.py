@@ -13,6 +13,7 @@ from comfyui_h3.backend.models.checkpoint import CheckpointError
 from comfyui_h3.backend.models.tiny_fasth3 import make_tiny_fasth3
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.request import H3Request
+from vsa_forward import assert_compiled_equals_eager
 
 POSITIONS = (0.999, 0.749, 0.5, 0.25, 0.0)  # FastVideo's dmd_denoising_steps [999, 749, 500, 250] / 1000, then 0
 SPEC = "vsa:topk=3,dense=1"  # step 0 dense, steps 1-3 sparse: 3 of the 10 tiles of a 64x128 clip
@@ -516,25 +517,13 @@ def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):
     from comfyui_h3.backend.pipelines.h3.components import compile_blocks
     from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
     from comfyui_h3.backend.pipelines.h3.layout import build_layout
-    from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan
 
     eager, compiled = (load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, attention=SPEC,
                                            adapter=student[0]) for _ in range(2))
     compile_blocks(compiled)
     layout = build_layout(torch.tensor([1, 1, 0, 1]), resolve_geometry(124, 64, 128), (1, 2, 2), ())
     plan = make_plan(layout, VSASettings(topk=3))
-    tiled = plan.permute_layout(layout)
-    ts, idx = row_timestep_plan(layout, 0.2, 0.7)
-    gen = torch.Generator().manual_seed(0)
-    args = (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
-            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
-            torch.randn(1, 4, eager.config.text_dim, generator=gen), ts, idx[plan.order], tiled.token_tags,
-            tiled.position_ids, tiled.video_indices, tiled.audio_indices, tiled.text_indices)
-    with torch.no_grad():
-        for step_plan in (plan, plan.dense()):
-            want = eager(*args, attention_plan=step_plan)
-            got = compiled(*args, attention_plan=step_plan)
-            assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+    assert_compiled_equals_eager(eager, compiled, layout, plan)
 
 
 @pytest.mark.parametrize("policy", [dict(adaln="cache"), dict(placement="offload", resident_blocks=0)],

@@ -18,6 +18,7 @@ from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, make_pla
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.layout import ReferenceBlock, build_layout, build_reference_layout
 from comfyui_h3.backend.pipelines.h3.request import H3Request
+from vsa_forward import assert_compiled_equals_eager
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (prefix rows, latent grid (t, h, w)): no prefix, a long prefix over several blocks, edge tiles on every axis
@@ -349,7 +350,6 @@ def test_compiled_blocks_with_vsa_equal_eager(tiny_h3_dir):
     from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
     from comfyui_h3.backend.pipelines.h3.components import compile_blocks
     from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
-    from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan
 
     spec = "vsa:topk=2,dense=0"
     eager = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, attention=spec)
@@ -358,18 +358,7 @@ def test_compiled_blocks_with_vsa_equal_eager(tiny_h3_dir):
     layout = build_layout(torch.tensor([1, 1, 0, 1]), resolve_geometry(124, 64, 128), (1, 2, 2), ("first",))
     plan = make_plan(layout, VSASettings(topk=2))
     assert plan.num_tiles > 2
-    tiled = plan.permute_layout(layout)
-    ts, idx = row_timestep_plan(layout, 0.2, 0.7)
-    gen = torch.Generator().manual_seed(0)
-    args = (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
-            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
-            torch.randn(1, 4, eager.config.text_dim, generator=gen), ts, idx[plan.order], tiled.token_tags,
-            tiled.position_ids, tiled.video_indices, tiled.audio_indices, tiled.text_indices)
-    with torch.no_grad():
-        for step_plan in (plan, plan.dense()):
-            want = eager(*args, attention_plan=step_plan)
-            got = compiled(*args, attention_plan=step_plan)
-            assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
+    assert_compiled_equals_eager(eager, compiled, layout, plan)
 
 
 def test_fallback_chunks_keep_the_rule():
