@@ -68,3 +68,13 @@ def find_below(root: str, depth: int, folder_match: Optional[Callable[[str], boo
 
     walk(root, (), depth)
     return found
+
+
+def listed(names: Iterable[str]) -> List[str]:
+    """A model list as the loaders show it: each name once, case-insensitive order (ties: exact order)."""
+    return sorted(set(names), key=lambda n: (n.lower(), n))
+
+
+def found_under(roots: Iterable[str], scan: Callable[[str], List[str]]) -> List[str]:
+    """`listed` names `scan(root)` finds under each root that is a folder."""
+    return listed(name for root in roots if os.path.isdir(root) for name in scan(root))

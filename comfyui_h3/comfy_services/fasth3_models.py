@@ -15,7 +15,7 @@ import os
 from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique, find_below
+from ._fs import _check_relative, _inside, _norm, _unique, find_below, found_under
 from .errors import H3ModelNotFound
 from .models import h3_model_roots
 
@@ -46,11 +46,7 @@ def _scan(root: str) -> List[str]:
 
 def fasth3_adapter_files(roots: Optional[Sequence[str]] = None) -> List[str]:
     """Names (relative to their root, '/' separators) of the FastH3 adapter files under the roots, sorted, each once."""
-    names: List[str] = []
-    for root in (fasth3_roots() if roots is None else [_norm(r) for r in roots]):
-        if os.path.isdir(root):
-            names.extend(_scan(root))
-    return sorted(set(names), key=lambda n: (n.lower(), n))
+    return found_under(fasth3_roots() if roots is None else [_norm(r) for r in roots], _scan)
 
 
 def resolve_fasth3_adapter(name: str, roots: Optional[Sequence[str]] = None) -> str:

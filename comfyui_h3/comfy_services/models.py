@@ -10,7 +10,7 @@ import os
 from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique, find_below
+from ._fs import _check_relative, _inside, _norm, _unique, find_below, listed
 from .errors import H3ModelNotFound, UnsafePathError
 
 ENV_MODELS = "COMFYUI_H3_MODELS"
@@ -107,7 +107,7 @@ def h3_model_dirs(roots: Optional[Sequence[str]] = None) -> List[str]:
         if is_h3_model_dir(root):
             names.append(os.path.basename(root))
         names.extend(_scan(root, MODEL_SCAN_DEPTH))
-    return sorted(set(names), key=lambda n: (n.lower(), n))
+    return listed(names)
 
 
 def resolve_h3_model(name_or_path: str, allow_explicit_path: bool = False,

@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from ._comfy import _comfy, _mode
-from ._fs import _check_relative, _inside, _norm, find_below
+from ._fs import _check_relative, _inside, _norm, find_below, listed
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS
 
@@ -88,7 +88,7 @@ def native_files(component: str) -> List[str]:
         for name in _scan(root):
             if name not in names and _file_kind(os.path.join(root, *name.split("/"))) == kind:
                 names.add(name)
-    return sorted(names, key=lambda n: (n.lower(), n))
+    return listed(names)
 
 
 def resolve_native_file(component: str, name: str) -> str:

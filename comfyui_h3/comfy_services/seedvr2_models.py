@@ -22,7 +22,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique, find_below
+from ._fs import _check_relative, _inside, _norm, _unique, find_below, listed
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS, register_folder_type
 
@@ -170,7 +170,7 @@ def _files(kind: str, roots: Optional[Sequence[str]]) -> List[str]:
     for root, dedicated in pairs:
         if os.path.isdir(root):
             names.extend(_scan(root, kind, dedicated))
-    return sorted(set(names), key=lambda n: (n.lower(), n))
+    return listed(names)
 
 
 def seedvr2_dit_files(roots: Optional[Sequence[str]] = None) -> List[str]:

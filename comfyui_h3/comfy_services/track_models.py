@@ -13,7 +13,7 @@ import os
 from typing import List, Optional, Sequence
 
 from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique, find_below
+from ._fs import _check_relative, _inside, _norm, _unique, find_below, found_under
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS, register_folder_type
 
@@ -61,15 +61,10 @@ def _scan(root: str) -> List[str]:
     return find_below(root, TRACK_SCAN_DEPTH, folder_match=_is_model)
 
 
-
 def track_model_dirs(roots: Optional[Sequence[str]] = None) -> List[str]:
     """Names ('/'-joined, relative to their root) of the SAM2 / SAM3 folders under the roots, sorted, each once: the
     Track Mask node's model list."""
-    names: List[str] = []
-    for root in (track_model_roots() if roots is None else [_norm(r) for r in roots]):
-        if os.path.isdir(root):
-            names.extend(_scan(root))
-    return sorted(set(names), key=lambda n: (n.lower(), n))
+    return found_under(track_model_roots() if roots is None else [_norm(r) for r in roots], _scan)
 
 
 def _where() -> str:
