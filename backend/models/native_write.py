@@ -93,6 +93,11 @@ def write_native_transformer(partition, out, fp8: str | None = None, prefix: str
     stored = _stored(partition)
     native = transformer_map(stored).to_native(stored)
     native["rope.inv_freq"] = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta)
+    return _save_dit(native, out, fp8, prefix)
+
+
+def _save_dit(native: dict, out, fp8: str | None, prefix: str) -> Path:
+    """A native DiT's tensors -> the file, quantised to the `fp8` layout when one is asked, keys under `prefix`."""
     metadata = None
     if fp8 is not None:
         if fp8 not in FP8_LAYOUTS:
@@ -130,12 +135,7 @@ def write_native_pruned_transformer(partition, out, grid: int = 1025, rank: int 
             bias_key = key[: -len("weight")] + "bias"
             native[bias_key] = native[bias_key].to(torch.float32) + weight @ mean
             native[key] = (weight @ basis).contiguous()
-    metadata = None
-    if fp8 is not None:
-        if fp8 not in FP8_LAYOUTS:
-            raise ValueError(f"fp8 layout must be one of {FP8_LAYOUTS}, got {fp8!r}.")
-        native, metadata = _quantise(native, fp8)
-    return _save({prefix + k: v for k, v in native.items()}, out, metadata)
+    return _save_dit(native, out, fp8, prefix)
 
 
 def write_native_text_encoder(folder, out, layers: int) -> Path:
