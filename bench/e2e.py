@@ -135,7 +135,7 @@ def diffusers_module(cls, folder: str, device, dtype):
 def patch_our_loaders(device) -> None:
     """Our engine builds its components from the skeleton's configs with random weights instead of reading files."""
     from comfyui_h3.backend.models.h3_transformer import (FP32_MODULE_PREFIXES, H3Transformer,
-                                                          H3TransformerConfig)
+                                                          H3TransformerConfig, finish_loading)
     from comfyui_h3.backend.pipelines.h3 import components
 
     def load_h3_transformer(folder, dev, dtype, attention="sdpa", fuse=True, storage="compute", adapter=None):
@@ -150,18 +150,12 @@ def patch_our_loaders(device) -> None:
             for name, p in model.named_parameters():
                 if name.startswith(FP32_MODULE_PREFIXES):
                     p.data = p.data.float()
-        model.rope_inv_freq = model.rope_inv_freq.to(dev, torch.float32)
         if adapter is not None:  # --fasth3: random learned VSA gates (the adapter file only marks the student)
             with torch.no_grad():
                 for block in model.transformer_blocks:
                     block.attn.add_gate(torch.empty_like(block.attn.to_q.weight).normal_(0.0, 0.02))
             model.vsa_gates = True
-        if fuse:
-            model.fuse_projections()
-        if storage in ("fp8", "fp8_emulated"):
-            for block in model.transformer_blocks:
-                block.use_fp8_gemms(emulate=storage == "fp8_emulated")
-        return model.eval().requires_grad_(False)
+        return finish_loading(model, cfg, dev, fuse=fuse, storage=storage)  # rotary table, fused QKV, FP8: as loaded
 
     components.load_h3_transformer = load_h3_transformer
     components.load_text_encoder = lambda folder, dtype: text_encoder(str(folder), device, dtype)
