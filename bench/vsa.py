@@ -4,13 +4,17 @@ bf16 weights and inputs, in one run; then attention alone: the VSA path (tile se
 queries, dense SDPA on the prefix queries) vs cuDNN dense, the kernel's TFLOP/s on the blocks it attends, and its
 error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,888 rows).
 
-    python bench/vsa.py [--seconds 10] [--topk 0.1] [--iters 5] [--skip-diffusers] [--json OUT.json]
+    python bench/vsa.py [--seconds 5 10 15] [--topk 0.1] [--iters 5] [--compile] [--fp8] [--skip-diffusers]
+                        [--steps 50 --dense-first 0.25 --layers 50] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
-    python bench/vsa.py --quality MODEL_DIR|tiny [--steps 50] [--seconds 5] [--settings 0.1:0.25 64:10 ...]
-        final latents of one t2va request under each topk:dense setting vs dense (relative error, seconds)
+    python bench/vsa.py --quality MODEL_DIR|tiny|full [--steps 50] [--seconds 5] [--size 1344x768]
+                        [--settings 0.1:0.25 64:10 ...]
+        final latents of one t2va request under each topk:dense setting vs dense (relative error, seconds);
+        full: the released-size model with random weights in memory (bench/e2e.py's builders)
 
-One JSON line per part on stdout ("part": env, plan, block, attention, summary; quality: one "quality" line per
-setting).
+One JSON line per part on stdout ("part": env, plan, block, attention, projection per shape, then summary; quality:
+one "quality" line per setting). `--fp8` adds the VSA block with FP8 GEMM weights; the projection: a forward as
+--layers blocks and a --steps request with the first --dense-first of the steps dense, from the block times.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -82,7 +87,10 @@ def attended_pairs(plan, sel: torch.Tensor) -> float:
 
 
 def quality(args) -> None:
-    """Final latents of one t2va request with each VSA setting vs the dense backend, same seed."""
+    """Final latents of one t2va request with each VSA setting vs dense attention, same seed and weights. One engine
+    is built with the vsa backend; each run swaps the runtime's backend (its per-request plan: the DiT's attention
+    function is the same for every VSA setting, and the "sdpa" backend gives it no plan, i.e. dense attention).
+    `--quality full`: the released-size model with random weights in memory (bench/e2e.py's builders; GPU)."""
     import tempfile
 
     from comfyui_h3.backend.models.tiny import make_tiny_h3
@@ -90,22 +98,33 @@ def quality(args) -> None:
     from comfyui_h3.backend.pipelines.h3.request import H3Request
 
     model = args.quality
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     if model == "tiny":
         model = str(make_tiny_h3(os.path.join(tempfile.mkdtemp(), "tiny-h3")))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = "bfloat16" if device == "cuda" else "float32"
-    w, h = (128, 64) if args.quality == "tiny" else (1344, 768)
-    request = dict(prompt="a red fox trots through fresh snow at dawn", num_frames=int(round(args.seconds * 24)),
-                   steps=args.steps, seed=42, width=w, height=h, decode=False)
+    elif model == "full":
+        import e2e
 
-    def run(attention):
-        pipe = h3_config(model, dtype=dtype, device=device, attention=attention).build_pipeline(0)
+        model = e2e.make_skeleton(tempfile.mkdtemp(), tiny=args.tiny)  # --tiny: its tiny configs (a dry run)
+        e2e.patch_our_loaders(torch.device(device))
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    small = args.quality == "tiny" or args.tiny
+    w, h = (int(n) for n in (args.size or ("128x64" if small else "1344x768")).split("x"))
+    request = dict(prompt="a red fox trots through fresh snow at dawn", num_frames=int(round(args.seconds[0] * 24)),
+                   steps=args.steps, seed=42, width=w, height=h, decode=False)
+    pipe = h3_config(model, dtype=dtype, device=device, attention="vsa").build_pipeline(0)
+
+    def run(backend):
+        pipe.attention = get_backend(backend)
         start = time.perf_counter()
         result = pipe.run(H3Request(**request))
+        if device == "cuda":
+            torch.cuda.synchronize()
         return result, time.perf_counter() - start
 
+    run("sdpa")  # warm-up (CUDA: compiles the blocks)
     dense, dense_s = run("sdpa")
-    emit("quality", setting="dense", seconds=dense_s, video_rel_err=0.0, audio_rel_err=0.0)
+    emit("quality", setting="dense", seconds=dense_s, video_rel_err=0.0, audio_rel_err=0.0, size=f"{w}x{h}",
+         frames=request["num_frames"], steps=args.steps)
     for setting in args.settings:
         topk, _, dense_steps = setting.partition(":")
         got, secs = run(f"vsa:topk={topk},dense={dense_steps or 0}")
@@ -113,18 +132,52 @@ def quality(args) -> None:
              audio_rel_err=rel(got.audio_latents, dense.audio_latents))
 
 
+def random_block(cfg, dev, dtype):
+    """A full-size block, normal(0, 0.02) weights (norms at 1), fused QKV; and its state before fusing (diffusers')."""
+    torch.manual_seed(0)
+    block = H3Block(cfg)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.normal_(0, 0.02)
+    ref_state = {k: v.clone() for k, v in block.state_dict().items()}
+    block = block.to(dev, dtype).eval()
+    block.attn.fuse_qkv()
+    return block, ref_state
+
+
+def projection(block: dict, layers: int, steps: int, dense_first: float) -> dict:
+    """Whole forward = `layers` blocks (the rest of a forward is < 1% and the same on both paths) and a `steps`-step
+    request with the first ceil(dense_first * steps) steps dense, from the measured block times (ms -> s)."""
+    dense_fwd, vsa_fwd = layers * block["dense_block_ms"] / 1e3, layers * block["vsa_block_ms"] / 1e3
+    n_dense = math.ceil(dense_first * steps)
+    out = {"layers": layers, "steps": steps, "dense_first": dense_first, "dense_forward_s": dense_fwd,
+           "vsa_forward_s": vsa_fwd, "dense_request_s": steps * dense_fwd,
+           "vsa_request_s": n_dense * dense_fwd + (steps - n_dense) * vsa_fwd}
+    out["vsa_over_dense_request"] = out["vsa_request_s"] / out["dense_request_s"]
+    if "vsa_fp8_block_ms" in block:
+        fp8_fwd = layers * block["vsa_fp8_block_ms"] / 1e3
+        out["vsa_fp8_request_s"] = n_dense * dense_fwd + (steps - n_dense) * fp8_fwd
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, nargs="+", default=[10.0], help="clip lengths (one run per shape)")
     ap.add_argument("--text", type=int, default=502)
     ap.add_argument("--topk", type=float, default=0.1, help="tiles (>= 1) or a fraction of the video tiles (< 1)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--skip-diffusers", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="regional torch.compile of the blocks, as the engine")
+    ap.add_argument("--fp8", action="store_true", help="also the VSA block with FP8 GEMM weights (fp8_linear.py)")
+    ap.add_argument("--layers", type=int, default=50, help="blocks per forward, for the projections")
+    ap.add_argument("--dense-first", type=float, default=0.25, help="projections: fraction of the steps dense")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
     ap.add_argument("--json")
     ap.add_argument("--tune", action="store_true", help="time the kernel's launch settings (GPU)")
-    ap.add_argument("--quality", metavar="MODEL_DIR|tiny", help="the quality table instead of the timings")
-    ap.add_argument("--steps", type=int, default=50, help="--quality: denoising steps")
+    ap.add_argument("--quality", metavar="MODEL_DIR|tiny|full", help="the quality table instead of the timings "
+                    "(full: the released-size model, random weights in memory)")
+    ap.add_argument("--size", help="--quality: WIDTHxHEIGHT (default 128x64 tiny, else 1344x768)")
+    ap.add_argument("--steps", type=int, default=50, help="--quality: denoising steps; else the projections' steps")
     ap.add_argument("--settings", nargs="+", default=["0.05:0", "0.1:0", "0.1:0.25", "0.2:0.25", "0.3:0.5"],
                     help="--quality: topk:dense_steps pairs (counts >= 1 or fractions < 1)")
     args = ap.parse_args()
@@ -135,30 +188,50 @@ def main() -> None:
     dev = torch.device("cpu" if tiny else "cuda")
     dtype = torch.float32 if tiny else torch.bfloat16
     cfg = H3TransformerConfig(**TINY) if tiny else H3TransformerConfig()
-    geo = resolve_geometry(int(round(args.seconds * 24)), 128 if tiny else 768, 256 if tiny else 1344)
+    heads, hd = cfg.num_attention_heads, cfg.attention_head_dim
+    emit("env", device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", torch=torch.__version__,
+         dtype=str(dtype), heads=heads, head_dim=hd, compiled=args.compile,
+         triton_kernel=dev.type == "cuda" and triton_supported(torch.empty(1, 1, 1, hd, dtype=dtype, device=dev)))
+    block, ref_state = random_block(cfg, dev, dtype)
+    fp8_block = None
+    if args.fp8:
+        fp8_block, _ = random_block(cfg, dev, dtype)
+        fp8_block.use_fp8_gemms(emulate=dev.type != "cuda")
+    results = []
+    for seconds in args.seconds:
+        if args.compile:  # one graph per shape and attention path, as the engine compiles for a request's shape
+            torch._dynamo.reset()
+            for b in (block, fp8_block):
+                if b is not None:
+                    b.compile(dynamic=False)
+        part = run_shape(args, cfg, block, fp8_block, ref_state, seconds, dev, dtype, first=not results)
+        part["projection"] = emit("projection", seconds=seconds,
+                                  **projection(part["block"], args.layers, args.steps, args.dense_first))
+        results.append(part)
+    emit("summary", shapes=[{"seconds": r["plan"]["seconds"], "rows": r["plan"]["rows"],
+                             "vsa_over_dense_block": r["block"]["vsa_over_dense"],
+                             "vsa_fp8_over_dense_block": r["block"].get("vsa_fp8_over_dense"),
+                             "vsa_over_dense_attention": r["attention"]["vsa_over_dense_attention"],
+                             "vsa_over_dense_request": r["projection"]["vsa_over_dense_request"]} for r in results])
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+def run_shape(args, cfg, block, fp8_block, ref_state, seconds, dev, dtype, first: bool) -> dict:
+    """Plan, block (dense / VSA / VSA with FP8 GEMMs / diffusers') and attention alone at one clip length."""
+    tiny = dev.type == "cpu"
+    geo = resolve_geometry(int(round(seconds * 24)), 128 if tiny else 768, 256 if tiny else 1344)
     layout = build_layout(torch.ones(24 if tiny else args.text, dtype=torch.long), geo, cfg.patch_size)
     settings = VSASettings(topk=args.topk, dense_steps=0)
     plan = make_plan(layout, settings)
     tiled = plan.permute_layout(layout)  # what the DiT sees under vsa: rows in tile order
     seq, heads, hd = layout.seq_len, cfg.num_attention_heads, cfg.attention_head_dim
     timed = timer(dev)
-    results = {}
-    results.update(emit("env", device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                        torch=torch.__version__, dtype=str(dtype), heads=heads, head_dim=hd,
-                        triton_kernel=dev.type == "cuda" and triton_supported(torch.empty(1, 1, 1, hd, dtype=dtype,
-                                                                                       device=dev))))
-    results.update(emit("plan", seconds=args.seconds, rows=seq, prefix_rows=plan.num_prefix, grid=plan.grid,
-                        video_tiles=plan.num_tiles, topk_tiles=plan.topk,
-                        full_tiles=int((plan.tile_sizes == 64).sum()), edge_tiles=int((plan.tile_sizes < 64).sum())))
-
-    torch.manual_seed(0)
-    block = H3Block(cfg)
-    with torch.no_grad():
-        for name, p in block.named_parameters():
-            p.fill_(1.0) if "norm" in name else p.normal_(0, 0.02)
-    ref_state = {k: v.clone() for k, v in block.state_dict().items()}
-    block = block.to(dev, dtype).eval()
-    block.attn.fuse_qkv()
+    results = {"plan": emit("plan", seconds=seconds, rows=seq, prefix_rows=plan.num_prefix, grid=plan.grid,
+                            video_tiles=plan.num_tiles, topk_tiles=plan.topk,
+                            full_tiles=int((plan.tile_sizes == 64).sum()),
+                            edge_tiles=int((plan.tile_sizes < 64).sum()))}
     ts, row_idx = row_timestep_plan(layout, 0.4, 0.6)
     temb = torch.randn(ts.numel(), cfg.time_embed_dim, device=dev, dtype=torch.float32)
     inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(dev)
@@ -176,13 +249,16 @@ def main() -> None:
     vsa = get_backend(f"vsa:{settings.spec()}")
     inv = plan.inverse.to(dev)
 
+    def vsa_attn(q, k, v):
+        return vsa(q, k, v, plan)
+
     @torch.no_grad()
     def run_dense():
         return block(x.clone(), block.adaln_proj(temb), seg_d, rope_d, dense_attn)
 
     @torch.no_grad()
-    def run_vsa():
-        return block(x_tiled.clone(), block.adaln_proj(temb), seg_v, rope_v, lambda q, k, v: vsa(q, k, v, plan))
+    def run_vsa(b=block):
+        return b(x_tiled.clone(), b.adaln_proj(temb), seg_v, rope_v, vsa_attn)
 
     dense_out = run_dense()
     vsa_out = run_vsa()[:, inv]  # back to packed order to compare
@@ -191,7 +267,10 @@ def main() -> None:
     part["dense_block_ms"], part["dense_block_peak_gib"] = timed(run_dense, args.iters)
     part["vsa_block_ms"], part["vsa_block_peak_gib"] = timed(run_vsa, args.iters)
     part["vsa_over_dense"] = part["vsa_block_ms"] / part["dense_block_ms"]
-    if not (tiny or args.skip_diffusers):
+    if fp8_block is not None:
+        part["vsa_fp8_block_ms"], _ = timed(lambda: run_vsa(fp8_block), args.iters)
+        part["vsa_fp8_over_dense"] = part["vsa_fp8_block_ms"] / part["dense_block_ms"]
+    if first and not (tiny or args.skip_diffusers):
         from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
 
         ref = MiniMaxH3TransformerBlock(cfg.hidden_size, heads, hd, cfg.ffn_dim, cfg.time_embed_dim, cfg.norm_eps,
@@ -204,7 +283,8 @@ def main() -> None:
                 lambda: ref(x, temb, adaln_dev, rope_d), args.iters)
         part["vsa_over_diffusers"] = part["vsa_block_ms"] / part["diffusers_block_ms"]
         del ref
-    results.update(emit("block", **part))
+    results["block"] = emit("block", seconds=seconds, **part)
+    del x, x_tiled
 
     # Attention alone on rows in tile order.
     q, k, v = (torch.randn(1, seq, heads, hd, device=dev, dtype=dtype) for _ in range(3))
@@ -224,7 +304,7 @@ def main() -> None:
         video_pairs = pairs - p * seq * heads
         part["kernel_tflops"] = 4 * hd * video_pairs / part["kernel_ms"] / 1e9
         part["kernel_config"] = dict(KERNEL_CONFIG)
-        if args.tune:  # launch settings and the P.V precision, each timed on the same inputs
+        if args.tune and first:  # launch settings and the P.V precision, each timed on the same inputs
             want = triton_video_attention(q, k, v, p, starts, sizes, sel, torch.empty_like(q), pv_fp16=False,
                                           pairs=1)
             for pairs_, warps, stages, pv16 in itertools.product((1, 2), (4, 8), (2, 3, 4), (False, True)):
@@ -241,13 +321,8 @@ def main() -> None:
     part["vsa_over_dense_attention"] = part["vsa_attention_ms"] / part["dense_attention_ms"]
     full = make_plan(layout, VSASettings(topk=10 ** 9, dense_steps=0))
     part["all_tiles_rel_err_vs_dense"] = rel(sparse_attention(q, k, v, full, dense_attn), dense_attn(q, k, v))
-    results.update(emit("attention", **part))
-    summary = {key: results[key] for key in ("rows", "video_tiles", "topk_tiles", "vsa_over_dense",
-                                             "vsa_over_dense_attention", "all_tiles_rel_err_vs_dense")}
-    emit("summary", **summary)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
+    results["attention"] = emit("attention", seconds=seconds, **part)
+    return results
 
 
 if __name__ == "__main__":

@@ -291,18 +291,22 @@ def test_cli_vsa_options_without_vsa_are_refused():
 def test_bench_dry_run():
     """bench/vsa.py --tiny: every part of the H200 benchmark runs (tiny config, CPU, torch fallback), so a GPU run
     does not fail on a slip in the script."""
-    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--tiny", "--seconds", "5",
-                           "--iters", "1"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--tiny", "--seconds", "6", "5",
+                           "--iters", "1", "--fp8", "--steps", "8", "--dense-first", "0.25"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
     parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [p["part"] for p in parts] == ["env", "plan", "block", "attention", "summary"]
-    plan, block, attention = parts[1], parts[2], parts[3]
+    assert [p["part"] for p in parts] == ["env"] + ["plan", "block", "attention", "projection"] * 2 + ["summary"]
+    plan, block, attention, projection = parts[1:5]
     assert plan["edge_tiles"] > 0 and 0 < plan["topk_tiles"] < plan["video_tiles"]
     assert 0 < block["block_rel_err_vsa_vs_dense"] < 0.05 and block["vsa_block_ms"] > 0
+    assert block["vsa_fp8_block_ms"] > 0  # the emulated FP8 GEMMs on the CPU
     assert 0 < attention["attended_fraction"] < 1 and attention["all_tiles_rel_err_vs_dense"] < 1e-5
+    # 2 of the 8 steps dense, 6 sparse, each forward 50 blocks
+    want = 2 * 50 * block["dense_block_ms"] / 1e3 + 6 * 50 * block["vsa_block_ms"] / 1e3
+    assert projection["vsa_request_s"] == pytest.approx(want) and parts[5]["rows"] < plan["rows"]
 
 
 @pytest.mark.parametrize("name", ["fl2va", "edit", "extend"])
@@ -386,11 +390,13 @@ def test_tiny_t2va_vsa_with_the_adaln_cache(tiny_h3_dir, dense_run):
     assert rel_err(cached.video_latents, dense_run.video_latents) < 1e-4
 
 
-def test_bench_quality_dry_run():
-    """bench/vsa.py --quality tiny: the quality table (final latents vs dense per setting) runs end to end."""
+@pytest.mark.parametrize("model", [["tiny"], ["full", "--tiny"]], ids=["tiny-folder", "random-in-memory"])
+def test_bench_quality_dry_run(model):
+    """bench/vsa.py --quality tiny|full: the quality table (final latents vs dense per setting) runs end to end (full
+    with --tiny: bench/e2e.py's in-memory random builders on tiny configs, the H200 run's code path)."""
     import json
 
-    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--quality", "tiny", "--steps", "2",
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--quality", *model, "--steps", "2",
                            "--seconds", "5", "--settings", "1:0", "1000:0"], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
