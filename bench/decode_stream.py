@@ -165,9 +165,7 @@ def main() -> None:
         "streamed_rgb_thread": dict(gpu_yuv=False, encoder="thread"),  # the path before this work
         "streamed_yuv_thread": dict(gpu_yuv=True, encoder="thread"),
         "streamed_rgb_process": dict(gpu_yuv=False, encoder="process"),
-        "streamed_yuv_process_all_cores": dict(gpu_yuv=True, encoder="process", encoder_spare_cores=0),
         "streamed_yuv_process": dict(gpu_yuv=True, encoder="process"),  # shipped: FileSink passes the device
-        "streamed_yuv_process_spare2": dict(gpu_yuv=True, encoder="process", encoder_spare_cores=2),
         "streamed_yuv_process_nice": dict(gpu_yuv=True, encoder="process", encoder_nice=args.nice),
         "streamed_yuv_process_threads": dict(gpu_yuv=True, encoder="process", threads=max(1, cores // 2)),
     }

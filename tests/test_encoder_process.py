@@ -155,14 +155,3 @@ def test_buffers_go_where_there_is_room_and_the_thread_takes_over_when_nowhere_i
         saver.write(_frames(3))
         assert saver._child is None and saver._writer is not None
     assert _decode(path)[0].shape == (3, 48, 64, 3)
-
-
-
-def test_the_child_leaves_cores_to_the_parent_only_when_two_remain(monkeypatch):
-    current = {3, 0, 2, 1}
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(current), raising=False)
-    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cores: current.intersection_update(cores), raising=False)
-    assert encoder_process.leave_cores(0) is None and current == {0, 1, 2, 3}
-    assert encoder_process.leave_cores(1) == {1, 2, 3} and current == {1, 2, 3}  # the lowest core goes
-    assert encoder_process.leave_cores(2) is None and current == {1, 2, 3}  # one would remain: unchanged
-    assert encoder_process.leave_cores(1) == {2, 3}

@@ -7,7 +7,7 @@ muxing, and lowering that thread's priority made it worse (the GIL holder was pr
 "Decode streamed into the MP4", has the numbers.
 
 Protocol (one child per file; `multiprocessing.connection` over a socket pair, pickled tuples):
-    parent -> child: ("open", buffer paths, buffer shape, writer args, writer kwargs, nice, spare cores)
+    parent -> child: ("open", buffer paths, buffer shape, writer args, writer kwargs, nice)
                      ("frames", buffer index, count, yuv)  ("audio", waveform ndarray, rate)  ("close",)  ("abort",)
     child -> parent: ("ready",) after "open"; ("ok", value) after every other message; ("error", exception) instead
                      of either (the child then aborts the file and exits)
@@ -107,8 +107,7 @@ class EncoderProcess:
     trips (the socket calls release the GIL), made from one thread only (the saver's background thread). Errors the
     child reports are re-raised here as the child's exception."""
 
-    def __init__(self, buffers: SharedBuffers, writer_args: tuple, writer_kwargs: dict, nice: int = 0,
-                 spare_cores: int = 0):
+    def __init__(self, buffers: SharedBuffers, writer_args: tuple, writer_kwargs: dict, nice: int = 0):
         import comfyui_h3
 
         parent, child = socket.socketpair()
@@ -125,7 +124,7 @@ class EncoderProcess:
         self._conn = Connection(parent.detach())
         self._ready = False
         self._conn.send(("open", list(buffers.paths), buffers.shape, tuple(writer_args), dict(writer_kwargs),
-                         int(nice), int(spare_cores)))
+                         int(nice)))
 
     def _reply(self):
         try:
@@ -160,21 +159,6 @@ class EncoderProcess:
             self._proc.wait()
 
 
-def leave_cores(count: int) -> set[int] | None:
-    """Take the `count` lowest cores out of this process's CPU set (kept when fewer than two would remain; Linux
-    only) and return the new set. The encoder's threads (x264 counts the set) then never compete with the parent's
-    launch thread, which the scheduler finds a free core for: on the H200 the decoder's own time rose 0.2 s of 13 s
-    with x264 on every core (docs/BENCHMARKS.md, "Decode streamed into the MP4")."""
-    if count <= 0 or not hasattr(os, "sched_setaffinity"):
-        return None
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) - count < 2:
-        return None
-    kept = set(cores[count:])
-    os.sched_setaffinity(0, kept)
-    return kept
-
-
 def serve(fd: int) -> None:
     """The child: open the writer, then encode what the parent sends until close / abort / the socket ends."""
     import signal
@@ -185,10 +169,9 @@ def serve(fd: int) -> None:
     conn = Connection(fd)
     writer = None
     try:
-        _, paths, shape, args, kwargs, nice, spare_cores = conn.recv()
+        _, paths, shape, args, kwargs, nice = conn.recv()
         if nice > 0:
             os.nice(nice)
-        leave_cores(spare_cores)
         arrays = []
         for path in paths:
             with open(path, "r+b") as handle:

@@ -282,14 +282,12 @@ class StreamingVideoSaver(ChunkedFrameStream):
     `gpu_yuv`: frames from a GPU become YUV 4:2:0 there (yuv.py) when the codec takes it. `encoder`: "thread" runs the
     writer on this process's background thread; "process" in a child process (encoder_process.py) fed through shared
     page-locked buffers, so encoding never takes the GIL from the thread that launches GPU work; "auto" = "process" for
-    a CUDA `device` given up front on POSIX, else "thread". `encoder_nice` lowers the child's priority and
-    `encoder_spare_cores` keeps the child off that many cores (encoder_process.leave_cores; process only).
+    a CUDA `device` given up front on POSIX, else "thread". `encoder_nice` lowers the child's priority (process only).
     """
 
     def __init__(self, path, width: int, height: int, fps: Fraction | float, *, device=None,
                  chunk_frames: int = DEFAULT_CHUNK_FRAMES, slots: int = 2, gpu_yuv: bool = True,
-                 encoder: str = "auto", encoder_nice: int = 0, encoder_spare_cores: int = 1,
-                 **writer_options: Any):
+                 encoder: str = "auto", encoder_nice: int = 0, **writer_options: Any):
         from . import encoder_process
         from .encode import check_encoder_options, check_target, takes_yuv420p
 
@@ -307,7 +305,6 @@ class StreamingVideoSaver(ChunkedFrameStream):
         self._buffers = None
         self._pinned: list[int] = []
         self._nice = int(encoder_nice)
-        self._spare_cores = int(encoder_spare_cores)
         if self._process_mode:
             check_encoder_options(self._codec, writer_options.get("crf", 18), writer_options.get("preset", "veryfast"))
             self.path = os.path.abspath(os.fspath(path))
@@ -348,7 +345,7 @@ class StreamingVideoSaver(ChunkedFrameStream):
                 if torch.cuda.cudart().cudaHostRegister(slot.data_ptr(), slot.numel(), 0) == 0:
                     self._pinned.append(slot.data_ptr())
         args, kwargs = self._writer_call
-        self._child = EncoderProcess(self._buffers, args, kwargs, self._nice, self._spare_cores)
+        self._child = EncoderProcess(self._buffers, args, kwargs, self._nice)
         return slots
 
     def _release_slots(self) -> None:
