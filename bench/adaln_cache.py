@@ -2,14 +2,16 @@
 GPU: one denoise step at the 10-s 1344x768 shape (73,888 rows) through the engine's driver (denoise.py), direct
 projection vs cached tables.
 
-    python bench/adaln_cache.py [--seconds 10] [--layers 50] [--iters 2] [--compile] [--json OUT.json]
+    python bench/adaln_cache.py [--seconds 10] [--layers 50] [--iters 2] [--rounds 4] [--compile] [--json OUT.json]
     python bench/adaln_cache.py --tiny        # a tiny config on the CPU (or GPU): checks the script end to end
 
 The step is a mid-schedule step of a 50-step t2va plan (video and audio on their own clocks: 2 distinct timesteps,
 3 used AdaLN rows). Reports: outputs bitwise equal (cache vs direct), resident DiT weight bytes on the device with
 and without the cache (parameters + buffers; the fused QKV weights are buffers) and torch's allocated bytes, the
 tables' bytes, step time of each (median of --iters after one warm-up; the cache's warm-up is its build), their ratio,
-peak memory, the time to move the projection weights to host memory and to build a whole 50-step plan's tables.
+peak memory, the time to move the projection weights to host memory and to build a whole 50-step plan's tables;
+then --rounds interleaved pairs (direct, cached / cached, direct, alternating) and their medians' ratio, free of the
+drift of a GPU warming up between the two sequential runs.
 One JSON line on stdout. Full size: ~62 GiB of weights, ~6 DiT forwards (~20 s each eager): under 3 minutes.
 """
 
@@ -134,6 +136,7 @@ def main() -> None:
     ap.add_argument("--text", type=int, default=502, help="text rows")
     ap.add_argument("--layers", type=int, default=50, help="DiT blocks (the release has 50)")
     ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved direct / cached step pairs (0: none)")
     ap.add_argument("--compile", action="store_true", help="compile each block as the engine does on CUDA")
     ap.add_argument("--tiny", action="store_true", help="a tiny config and shape (CPU when there is no GPU)")
     ap.add_argument("--json")
@@ -169,6 +172,19 @@ def main() -> None:
         cache_ms, r["peak_gib_cache"] = _timed(lambda: step(cache), args.iters, dev)
         if dev.type == "cuda":
             r["allocated_saved_gib"] = (allocated_before - torch.cuda.memory_allocated(dev)) / 2**30
+        # The same comparison interleaved (direct, cached, cached, direct, ...): the runs above come one after the
+        # other, so a GPU that slows as it warms up over the minute between them biases their ratio. Direct steps
+        # run with the projection weights restored to the device for the step (the copy is outside the timing).
+        rounds = {"direct": [], "cache": []}
+        for i in range(args.rounds):
+            for name in (("direct", "cache") if i % 2 == 0 else ("cache", "direct")):
+                if name == "direct":
+                    with cache.weights_restored():
+                        _sync(dev)
+                        rounds["direct"] += _timed(step, 1, dev)[0]
+                else:
+                    rounds["cache"] += _timed(lambda: step(cache), 1, dev)[0]
+        r["interleaved_direct_ms_all"], r["interleaved_cache_ms_all"] = rounds["direct"], rounds["cache"]
         r["bitwise_equal"] = bool(torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]))
         r["max_abs_diff"] = max((got[0] - want[0]).abs().max().item(), (got[1] - want[1]).abs().max().item())
         r["step_table_bytes"] = cache.table_bytes
@@ -190,6 +206,9 @@ def main() -> None:
     r["cache_step_ms"] = statistics.median(cache_ms)
     r["direct_step_ms_all"], r["cache_step_ms_all"] = direct_ms, cache_ms
     r["ratio_cache_over_direct"] = r["cache_step_ms"] / r["direct_step_ms"]
+    if args.rounds:
+        r["interleaved_ratio_cache_over_direct"] = (statistics.median(r["interleaved_cache_ms_all"])
+                                                    / statistics.median(r["interleaved_direct_ms_all"]))
     r["weight_bytes_host"] = report["weight_bytes_host"]
     r["pinned"] = report["pinned"]
     r["resident_weight_gib_direct"] = r["resident_weight_bytes_direct"] / 2**30
