@@ -159,19 +159,130 @@ def test_triton_kernel_interpreted_matches_the_rule():
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
 
 
+_INTERPRETED_TMA = textwrap.dedent("""
+    import torch
+    from comfyui_h3.backend.attention.vsa_kernel import reference, sparse_attention, select_tiles, triton_video_attention
+    from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
+    from comfyui_h3.backend.attention import vsa_kernel, vsa_kernel_tma
+    from comfyui_h3.backend.attention.dispatch import _sdpa
+    launches = []
+    launch = vsa_kernel_tma.launch_tma
+    def counted(*args, **kwargs):
+        launches.append(args[9])  # the view it runs
+        return launch(*args, **kwargs)
+    vsa_kernel_tma.launch_tma = counted
+    dense = lambda a, b, c: _sdpa(a.float(), b.float(), c.float()).to(a.dtype)
+    for (num_prefix, grid), topk, layout, view, ws, want_view in {cases}:
+        vsa_kernel.KERNEL_CONFIG.update(tma=True, tma_view=view, warp_specialize=ws)
+        torch.manual_seed(num_prefix)
+        _, sizes = tile_order(grid)
+        s = num_prefix + int(sizes.sum())
+        plan = VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=topk))
+        if layout == "fused":  # strided views of one [B, S, 3, H, D] buffer, as fused qkv gives
+            q, k, v = torch.randn(2, s, 3, 2, 16).to(torch.float16).unbind(2)
+        else:  # heads outermost: no [B * S, H * D] rows view, only the 4-D descriptor
+            q, k, v = (torch.randn(2, 2, s, 16).to(torch.float16).transpose(1, 2) for _ in range(3))
+        assert vsa_kernel_tma.tma_view(q, k, v, torch.empty_like(q), view) == want_view
+        want, _ = reference(q, k, v, num_prefix, sizes, plan.topk)
+        got = sparse_attention(q, k, v, plan, dense, use_triton=True)
+        assert launches.pop() == want_view and not launches
+        err = float((got.double() - want).norm() / want.norm())
+        print(num_prefix, grid, topk, layout, view, ws, err)
+        assert err <= 2e-3, err
+    # Tile tables in reverse row order: an edge tile's program runs before the full tiles after its rows, so a store
+    # past its own rows would be left standing; the TMA kernel must equal the pointer kernel (float32 out, NaN-filled).
+    torch.manual_seed(5)
+    _, sizes = tile_order((5, 6, 7))
+    s = 70 + int(sizes.sum())
+    plan = VSAPlan(torch.arange(s), torch.arange(s), 70, sizes, (5, 6, 7), VSASettings(topk=3))
+    starts, sizes_t, _ = plan.tables("cpu")
+    starts, sizes_t = starts.flip(0).contiguous(), sizes_t.flip(0).contiguous()
+    q, k, v = torch.randn(1, s, 3, 2, 16).to(torch.float16).unbind(2)
+    sel = select_tiles(q, k, 70, plan.tile_sizes, 3).to(torch.int32)
+    outs = []
+    for view in (None, "rows", "4d"):
+        out = torch.full(q.shape, float("nan"))
+        triton_video_attention(q, k, v, 70, starts, sizes_t, sel, out, tma=view is not None, tma_view=view or "auto")
+        assert out[:, :70].isnan().all() and out[:, 70:].isfinite().all(), view  # video rows only, every one
+        outs.append(out)
+    assert launches == ["rows", "4d"], launches
+    for view, out in zip(("rows", "4d"), outs[1:]):
+        err = float((out[:, 70:] - outs[0][:, 70:]).norm() / outs[0][:, 70:].norm())
+        print("reversed tables", view, err)
+        assert err < 1e-6, (view, err)
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(triton is None, reason="triton is not installed: the Triton kernel cannot be interpreted")
+def test_tma_kernel_interpreted_matches_the_rule():
+    """The TMA-descriptor variant (vsa_kernel_tma.py) through Triton's interpreter, which runs tensor descriptors on
+    CPU tensors (zero fill past the tensor, as TMA): both descriptor views, fused-QKV views (rows view) and
+    heads-outermost tensors (4-D only), a batch of 2 (the rows view's blocks run into the next batch: masked), the
+    warp-specialize flag (a compile-time hint the interpreter ignores: its loop is the same), and the edge-tile
+    store. fp16 for the interpreter's broken bf16 dot (see above); bf16 on the GPU test below."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    cases = [((70, (5, 6, 7)), 3, "fused", "auto", False, "rows"), ((0, (4, 4, 4)), 2, "fused", "4d", False, "4d"),
+             ((130, (3, 9, 4)), 3, "heads", "auto", True, "4d")]
+    run = subprocess.run([sys.executable, "-c", _INTERPRETED_TMA.format(cases=cases)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
+def test_tma_fallback_rule(monkeypatch):
+    """tma_view: which descriptor view the TMA kernel takes, or None (the pointer kernel runs). On the CPU only under
+    Triton's interpreter, so the rule's tensor checks are exercised with the interpreter flag forced on."""
+    pytest.importorskip("triton")
+    from comfyui_h3.backend.attention import vsa_kernel_tma as tma
+
+    if tma.TensorDescriptor is None:
+        pytest.skip("this Triton has no triton.tools.tensor_descriptor (Triton < 3.3): tma_view is always None")
+    q, k, v = torch.randn(1, 100, 3, 4, 32).half().unbind(2)
+    monkeypatch.setattr(tma, "interpreting", lambda: False)
+    assert tma.tma_view(q, k, v, torch.empty_like(q)) is None  # CPU tensors without the interpreter
+    monkeypatch.setattr(tma, "interpreting", lambda: True)
+    out = torch.empty_like(q)
+    assert tma.tma_view(q, k, v, out) == "rows" and tma.tma_view(q, k, v, out, "4d") == "4d"
+    assert tma.tma_view(q, k, v, out.float()) == "rows"  # a float32 output (the kernel's own arithmetic)
+    heads_outer = torch.randn(2, 4, 100, 32).half().transpose(1, 2)
+    assert tma.tma_view(heads_outer, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), heads_outer) is None
+    assert tma.tma_view(heads_outer, heads_outer, heads_outer, torch.empty_like(heads_outer)) == "4d"
+    assert tma.tma_view(heads_outer, heads_outer, heads_outer, torch.empty_like(heads_outer), "rows") is None
+    misaligned = torch.randn(100 * 4 * 32 + 4).half()[4:].view(1, 100, 4, 32)  # base 8 bytes off 16
+    assert tma.tma_view(misaligned, k, v, out) is None
+    padded = torch.randn(1, 100, 4 * 32 + 4).half()[..., :128].unflatten(-1, (4, 32))  # rows 264 bytes apart
+    assert tma.tma_view(q, padded, v, out) is None
+    assert tma.tma_view(q, k, v, out.to(torch.int16)) is None and tma.tma_view(q, k, v.float(), out) is None
+    with pytest.raises(ValueError, match="tma_view"):
+        tma.tma_view(q, k, v, out, "2d")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or triton is None,
                     reason="needs a CUDA GPU and triton: the bf16 Triton kernel runs only there (CPU: interpreted "
                            "fp16 test above, fallback tests)")
 @pytest.mark.parametrize("num_prefix,grid", SHAPES + [(1000, (12, 16, 20))])
-@pytest.mark.parametrize("pairs,topk", [(1, 4), (2, 5)])
-def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, pairs, topk, monkeypatch):
+@pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4), ("tma-ws", 4)])
+def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, kernel, topk, monkeypatch):
+    """Both launch variants: the pointer kernel (one or two selected tiles per key block) and the TMA-descriptor one
+    (rows view, 4-D view, warp-specialized key loop) on views of a fused QKV buffer, as the DiT passes them."""
     from comfyui_h3.backend.attention import vsa_kernel
-    monkeypatch.setitem(vsa_kernel.KERNEL_CONFIG, "pairs", pairs)
+    from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
+
+    config = {"pairs1": dict(pairs=1), "pairs2": dict(pairs=2), "tma": dict(tma=True),
+              "tma-4d": dict(tma=True, tma_view="4d"), "tma-ws": dict(tma=True, warp_specialize=True)}[kernel]
+    if config.get("tma") and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA kernel needs compute capability >= 9 (Hopper); this GPU runs the pointer kernel")
+    for key, value in config.items():
+        monkeypatch.setitem(vsa_kernel.KERNEL_CONFIG, key, value)
     torch.manual_seed(num_prefix)
     plan, s = flat_plan(num_prefix, grid, topk=topk)
-    q, k, v = (torch.randn(1, s, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    qkv = torch.randn(1, s, 3, 4, 128, dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
     want, sel = reference(q, k, v, num_prefix, plan.tile_sizes, plan.topk)
-    qc, kc, vc = (t.cuda() for t in (q, k, v))
+    qc, kc, vc = qkv.cuda().unbind(2)
+    if config.get("tma"):  # the TMA kernel runs, not the pointer fallback
+        assert tma_view(qc, kc, vc, torch.empty_like(qc), config.get("tma_view", "auto")) == config.get(
+            "tma_view", "rows")
     assert torch.equal(select_tiles(qc, kc, num_prefix, plan.tile_sizes, plan.topk).cpu(), sel)
     got = sparse_attention(qc, kc, vc, plan, _sdpa, use_triton=True).cpu()
     # bf16 output: within 1e-3 of the error the exact answer has once rounded to bf16 (1.1-1.7e-3 on these shapes)

@@ -9,7 +9,8 @@ The rule, per (batch, head), with P prefix rows first and T video tiles after th
 The Triton kernel runs one program per (video query tile, batch * head): a 64-row query tile (edge tiles masked),
 online softmax in fp32 over the prefix in 64-row blocks and then over the selected tiles, bf16 / fp16 operands on the
 tensor cores (64x64 tiles, head_dim up to 256: 4 warps, 2-3 stages suit the H200's shared memory). Prefix queries
-(a few percent of the rows) go through dense SDPA.
+(a few percent of the rows) go through dense SDPA. A second launch variant loads the tiles through TMA tensor
+descriptors (vsa_kernel_tma.py; KERNEL_CONFIG["tma"], Hopper and later).
 
 The coarse branch (only for a DiT with learned gates, FastVideo's FastH3 student; FastVideo's VSA-H3 and vLLM-Omni's
 port define it so): every block of rows -- the segment-pure prefix blocks and the video tiles, VSAPlan.block_sizes --
@@ -150,11 +151,9 @@ def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: 
 
 if triton is not None:
     @triton.jit
-    def _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, valid, sks, svs, qk_scale, dims,
-                     PV_FP16: tl.constexpr):
-        # One block of key rows (`keys` int64 row indices, `valid` mask) into the online softmax state.
-        kk = tl.load(k_base + keys[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
-        vv = tl.load(v_base + keys[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
+    def _online_softmax_step(q, kk, vv, valid, acc, m_i, l_i, qk_scale, PV_FP16: tl.constexpr):
+        # One block of key rows (K `kk`, V `vv`; `valid` marks the block's own keys) into the online softmax
+        # state. Shared by the pointer kernel and the TMA one (vsa_kernel_tma.py).
         s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -166,6 +165,14 @@ if triton is not None:
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
         return acc, m_new, l_i
+
+    @triton.jit
+    def _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, valid, sks, svs, qk_scale, dims,
+                     PV_FP16: tl.constexpr):
+        # One block of key rows (`keys` int64 row indices, `valid` mask) into the online softmax state.
+        kk = tl.load(k_base + keys[:, None] * sks + dims[None, :], mask=valid[:, None], other=0.0)
+        vv = tl.load(v_base + keys[:, None] * svs + dims[None, :], mask=valid[:, None], other=0.0)
+        return _online_softmax_step(q, kk, vv, valid, acc, m_i, l_i, qk_scale, PV_FP16)
 
     @triton.jit
     def _vsa_video_fwd(Q, K, V, O, starts, sizes, sel, P, H, T, NSEL, qk_scale,
@@ -223,7 +230,11 @@ def triton_supported(q: torch.Tensor) -> bool:
 #: Launch settings measured on the H200 (bench/vsa.py --tune, 10-s shape, 56 heads, ~10% of tiles; docs/BENCHMARKS.md,
 #: "VSA"): one selected tile per key block, 4 warps, 3 stages: 56.0 ms. Two tiles per block: 76.0 ms; 8 warps: >= 109 ms;
 #: P.V in fp16: +23% time for no accuracy gain (the bf16 output's own rounding dominates the error).
-KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3}
+#: "tma": the TMA-descriptor variant (vsa_kernel_tma.py; one tile per key block, "pairs" unused) where
+#: vsa_kernel_tma.tma_supported holds, else this pointer kernel; "tma_view": "auto" / "rows" / "4d";
+#: "warp_specialize": the TMA kernel's key loop warp-specialized (bench/vsa.py --kernel-only times them).
+KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": False, "tma_view": "auto",
+                 "warp_specialize": False}
 
 
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
@@ -238,6 +249,14 @@ def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes
     out = torch.empty_like(q) if out is None else out
     sel = sel.to(torch.int32).contiguous()
     settings = {**KERNEL_CONFIG, **config}
+    if settings["tma"]:
+        from . import vsa_kernel_tma  # imported here: it imports this module's softmax step
+
+        view = vsa_kernel_tma.tma_view(q, k, v, out, settings["tma_view"])
+        if view is not None:
+            return vsa_kernel_tma.launch_tma(q, k, v, out, num_prefix, starts, sizes, sel, pv_fp16, view,
+                                             int(settings["num_warps"]), int(settings["num_stages"]),
+                                             bool(settings["warp_specialize"]))
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -1,0 +1,175 @@
+"""The VSA kernel's second launch variant (vsa_kernel.py has the rule and the pointer kernel): Q, K and V tiles come in
+through TMA tensor descriptors (Hopper and later: an asynchronous bulk copy into shared memory per 64-row block, no
+per-element address arithmetic or registers for addresses, pipelined over num_stages) and full query tiles go out the
+same way. Same rule, same grid, same online softmax (vsa_kernel._online_softmax_step) as the pointer kernel.
+
+Selected with triton_video_attention(..., tma=True) (KERNEL_CONFIG's "tma"); it runs only where `tma_supported` holds
+and the pointer kernel runs otherwise. Two views of a [B, S, H, D] tensor (`tma_view`):
+- "rows": a 2-D [B * S, H * D] descriptor with [64, D] blocks at (b * S + row, h * D) -- the plain 2-D tile the
+  Triton tutorials pipeline; needs heads packed within a row (stride(2) == D: contiguous q/k/v and views of a fused
+  [B, S, 3, H, D] QKV buffer alike) and batches evenly spaced (B == 1 or stride(0) == S * stride(1));
+- "4d": a [B, S, H, D] descriptor with [1, 64, 1, D] blocks, reshaped to [64, D]: any strides TMA accepts.
+"auto" picks "rows" where it applies. Block rows past a tile's length (the next tile's, or the next batch's in the
+rows view) are masked in the scores as the pointer kernel masks them; rows past the end are zero-filled by TMA.
+A TMA store writes its whole 64-row box, so only full query tiles store through the descriptor; edge tiles use the
+masked pointer store. Host-side descriptors travel as kernel parameters: no triton.set_allocator is needed (that is
+for descriptors made inside a kernel). `warp_specialize`: tl.range(..., warp_specialize=True) on the key loop
+(Triton 3.6 runs its Hopper warp-specialization pass on such loops; bench/vsa.py --kernel-only times it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .vsa_kernel import triton, triton_supported
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - Triton < 3.3 or absent: the pointer kernel runs
+    TensorDescriptor = None
+
+TILE = 64
+VIEWS = ("auto", "rows", "4d")
+_TMA_MAX_STRIDE_BYTES = 1 << 40  # cuTensorMapEncodeTiled's bound on a global stride
+
+
+def interpreting() -> bool:
+    """Triton's CPU interpreter is on (TRITON_INTERPRET=1): descriptors then run on CPU tensors."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _rows_view_fits(x: torch.Tensor) -> bool:
+    b, s, _, d = x.shape
+    return x.stride(2) == d and (b == 1 or x.stride(0) == s * x.stride(1))
+
+
+def _strides_4d(x: torch.Tensor) -> list[int]:
+    """x's strides, a size-1 dimension's (never used to address, but TMA still checks it) replaced by the contiguous
+    one: a size-1 batch of a view may carry any stride."""
+    strides = list(x.stride())
+    for dim in range(2, -1, -1):
+        if x.shape[dim] == 1:
+            strides[dim] = strides[dim + 1] * x.shape[dim + 1]
+    return strides
+
+
+def _fits_tma(x: torch.Tensor, strides: list[int]) -> bool:
+    size = x.element_size()
+    return (x.data_ptr() % 16 == 0 and strides[-1] == 1
+            and all(st * size % 16 == 0 and 0 < st * size < _TMA_MAX_STRIDE_BYTES for st in strides[:-1]))
+
+
+def tma_view(q, k, v, out, view: str = "auto") -> str | None:
+    """The descriptor view the TMA kernel would use for these tensors ("rows" or "4d"), or None where TMA does not
+    apply: the fallback rule. TMA needs Triton's TensorDescriptor, a GPU of compute capability >= 9 (or Triton's
+    interpreter on CPU tensors), q/k/v that suit the pointer kernel (triton_supported) with one dtype and shape,
+    `out` of that shape in bf16 / fp16 / fp32, every tensor's base 16-byte aligned with stride(-1) == 1 and its other
+    strides multiples of 16 bytes, and row coordinates below 2^31."""
+    if view not in VIEWS:
+        raise ValueError(f"VSA tma_view {view!r}: use one of {', '.join(VIEWS)}")
+    tensors = (q, k, v, out)
+    if TensorDescriptor is None or not triton_supported(q) or q.dim() != 4:
+        return None
+    if any(t.shape != q.shape or t.device != q.device for t in tensors) or {k.dtype, v.dtype} != {q.dtype}:
+        return None
+    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return None
+    if q.device.type == "cuda":
+        if torch.cuda.get_device_capability(q.device)[0] < 9:
+            return None
+    elif not (q.device.type == "cpu" and interpreting()):
+        return None
+    b, s, h, d = q.shape
+    if b * s >= 2 ** 31:
+        return None
+    rows = all(_rows_view_fits(t) and _fits_tma(t, [t.stride(1), 1]) for t in tensors)
+    if view == "rows" or (view == "auto" and rows):
+        return "rows" if rows else None
+    return "4d" if all(_fits_tma(t, _strides_4d(t)) for t in tensors) else None
+
+
+def tma_supported(q, k, v, out, view: str = "auto") -> bool:
+    """Whether triton_video_attention(..., tma=True) runs the TMA kernel on these tensors (else the pointer one)."""
+    return tma_view(q, k, v, out, view) is not None
+
+
+def _descriptor(x: torch.Tensor, view: str) -> TensorDescriptor:
+    b, s, h, d = x.shape
+    if view == "rows":
+        return TensorDescriptor(x, [b * s, h * d], [x.stride(1), 1], [TILE, d])
+    return TensorDescriptor(x, [b, s, h, d], _strides_4d(x), [1, TILE, 1, d])
+
+
+if triton is not None:
+    import triton.language as tl
+
+    from .vsa_kernel import _online_softmax_step
+
+    @triton.jit
+    def _tile_rows(desc, b, row, h, S, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_VIEW: tl.constexpr):
+        # TILE rows of one (batch, head) from `row` as [TILE, HEAD_DIM] (rows past the tensor: zeros).
+        if ROWS_VIEW:
+            x = desc.load([b * S + row, h * HEAD_DIM])
+        else:
+            x = desc.load([b, row, h, 0]).reshape(TILE, HEAD_DIM)
+        return x
+
+    @triton.jit
+    def _vsa_video_fwd_tma(q_desc, k_desc, v_desc, o_desc, O, starts, sizes, sel, S, P, H, T, NSEL, qk_scale,
+                           sob, sos, soh, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, ROWS_VIEW: tl.constexpr,
+                           PV_FP16: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+        # One program per (video query tile, batch * head), as _vsa_video_fwd. One key loop over the prefix blocks
+        # and then the selected tiles (one loop for the pipeliner and the warp specializer to schedule).
+        tile = tl.program_id(0)
+        bh = tl.program_id(1)
+        b = bh // H
+        h = bh % H
+        q_start = tl.load(starts + tile)
+        q_len = tl.load(sizes + tile)
+        # rows past q_len are the next tile's: their outputs are computed and never stored
+        q = _tile_rows(q_desc, b, q_start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+        m_i = tl.full((TILE,), float("-inf"), tl.float32)
+        l_i = tl.zeros((TILE,), tl.float32)
+        acc = tl.zeros((TILE, HEAD_DIM), tl.float32)
+        cols = tl.arange(0, TILE)
+        n_prefix = tl.cdiv(P, TILE)
+        sel_base = sel + (bh * T + tile) * NSEL
+        for i in tl.range(0, n_prefix + NSEL, warp_specialize=WARP_SPECIALIZE):
+            in_prefix = i < n_prefix
+            kt = tl.load(sel_base + tl.maximum(i - n_prefix, 0))  # always in bounds; unused in the prefix
+            start = tl.where(in_prefix, i * TILE, tl.load(starts + kt))
+            length = tl.where(in_prefix, P - i * TILE, tl.load(sizes + kt))  # prefix: >= the block's last row
+            kk = _tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+            vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+            acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale, PV_FP16)
+        out = (acc / l_i[:, None]).to(o_desc.dtype)
+        if q_len == TILE:  # a TMA store writes the whole box: only a full tile's
+            if ROWS_VIEW:
+                o_desc.store([b * S + q_start, h * HEAD_DIM], out)
+            else:
+                o_desc.store([b, q_start, h, 0], out.reshape(1, TILE, 1, HEAD_DIM))
+        else:
+            dims = tl.arange(0, HEAD_DIM)
+            q_rows = (q_start + cols).to(tl.int64)
+            tl.store(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + q_rows[:, None] * sos + dims[None, :],
+                     out, mask=cols[:, None] < q_len)
+
+
+def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool, view: str, num_warps: int,
+               num_stages: int, warp_specialize: bool = False) -> torch.Tensor:
+    """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]); returns out."""
+    b, s, h, d = q.shape
+    t, nsel = sel.shape[2], sel.shape[3]
+    descs = [_descriptor(x, view) for x in (q, k, v, out)]
+    _vsa_video_fwd_tma[(t, b * h)](*descs, out, starts, sizes, sel, s, num_prefix, h, t, nsel,
+                                   d ** -0.5 * math.log2(math.e), out.stride(0), out.stride(1), out.stride(2),
+                                   HEAD_DIM=d, TILE=TILE, ROWS_VIEW=view == "rows", PV_FP16=bool(pv_fp16),
+                                   WARP_SPECIALIZE=bool(warp_specialize), num_warps=num_warps,
+                                   num_stages=num_stages)
+    return out
