@@ -7,6 +7,11 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
     python bench/vsa.py [--seconds 5 10 15] [--topk 0.1] [--iters 5] [--compile] [--fp8] [--skip-diffusers]
                         [--steps 50 --dense-first 0.25 --layers 50] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
+    python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d tma-ws]
+        the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views,
+        warp-specialized) for num_warps 4, 8 x num_stages 2, 3, 4, each vs the pointer kernel's default output, on
+        views of a fused QKV buffer (the DiT's layout); one "kernel" line per launch setting, a launch error reported
+        and the next setting run. With --tiny: on the CPU under TRITON_INTERPRET=1 (one setting each; tested)
     python bench/vsa.py --quality MODEL_DIR|tiny|full [--steps 50] [--seconds 5] [--size 1344x768]
                         [--settings 0.1:0.25 64:10 ...]
         final latents of one t2va request under each topk:dense setting vs dense (relative error, seconds);
@@ -132,6 +137,78 @@ def quality(args) -> None:
              audio_rel_err=rel(got.audio_latents, dense.audio_latents))
 
 
+#: --kernel-only's launch variants: KERNEL_CONFIG overrides (vsa_kernel.py) beside num_warps / num_stages
+KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(tma=True, tma_view="rows"),
+                   "tma-4d": dict(tma=True, tma_view="4d"), "tma-ws": dict(tma=True, tma_view="rows",
+                                                                            warp_specialize=True)}
+
+
+def kernel_only(args) -> None:
+    """The video kernel alone at each --seconds shape: every variant in --kernels x num_warps x num_stages, timed on
+    the same inputs (views of one fused [1, S, 3, H, D] QKV buffer) with its error vs the pointer kernel at
+    KERNEL_CONFIG's settings. --tiny: the tiny config on CPU tensors through Triton's interpreter (fp16: its bf16 dot
+    is broken), one setting per variant; without TRITON_INTERPRET=1 it reports the kernels as skipped."""
+    from comfyui_h3.backend.attention.vsa_kernel import KERNEL_CONFIG, triton
+    from comfyui_h3.backend.attention.vsa_kernel_tma import interpreting
+
+    tiny = args.tiny
+    dev = torch.device("cpu" if tiny else "cuda")
+    dtype = torch.float16 if tiny else torch.bfloat16
+    cfg = H3TransformerConfig(**TINY) if tiny else H3TransformerConfig()
+    heads, hd = cfg.num_attention_heads, cfg.attention_head_dim
+    runnable = triton is not None and (dev.type == "cuda" or interpreting())
+    emit("env", device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", torch=torch.__version__,
+         triton=getattr(triton, "__version__", None), dtype=str(dtype), heads=heads, head_dim=hd,
+         kernel_config=dict(KERNEL_CONFIG), interpreted=dev.type == "cpu" and runnable)
+    if not runnable:
+        emit("kernel", skipped="needs a CUDA GPU and triton, or TRITON_INTERPRET=1 on the CPU")
+        return
+    settings = [(4, 3)] if tiny else list(itertools.product((4, 8), (2, 3, 4)))
+    for seconds in args.seconds:
+        kernel_shape(args, cfg, seconds, dev, dtype, settings)
+
+
+def kernel_shape(args, cfg, seconds: float, dev, dtype, settings) -> None:
+    """--kernel-only at one clip length: a "plan" line, then one "kernel" line per (variant, warps, stages)."""
+    from comfyui_h3.backend.attention.vsa_kernel import triton_video_attention
+    from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
+
+    tiny, heads, hd = dev.type == "cpu", cfg.num_attention_heads, cfg.attention_head_dim
+    timed = timer(dev)
+    geo = resolve_geometry(int(round(seconds * 24)), 128 if tiny else 768, 256 if tiny else 1344)
+    layout = build_layout(torch.ones(24 if tiny else args.text, dtype=torch.long), geo, cfg.patch_size)
+    plan = make_plan(layout, VSASettings(topk=args.topk, dense_steps=0))
+    seq, p = layout.seq_len, plan.num_prefix
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, seq, 3, heads, hd, device=dev, dtype=dtype).unbind(2)
+    starts, sizes, _ = plan.tables(dev)
+    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk)
+    video_pairs = attended_pairs(plan, sel) - p * seq * heads
+    want = triton_video_attention(q, k, v, p, starts, sizes, sel, torch.empty_like(q), tma=False)
+    out = torch.empty_like(q)
+    emit("plan", seconds=seconds, rows=seq, prefix_rows=p, video_tiles=plan.num_tiles, topk_tiles=plan.topk,
+         edge_tiles=int((plan.tile_sizes < 64).sum()), layout="fused_qkv_views",
+         tma_views={view: tma_view(q, k, v, out, view) for view in ("rows", "4d")})
+    for name in args.kernels:
+        variant = KERNEL_VARIANTS[name]
+        if variant["tma"] and tma_view(q, k, v, out, variant["tma_view"]) is None:
+            emit("kernel", seconds=seconds, kernel=name, skipped="tma_supported is False here (the pointer "
+                 "kernel would run): needs compute capability >= 9 and 16-byte aligned tensors")
+            continue
+        for warps, stages in settings:
+            config = dict(variant, num_warps=warps, num_stages=stages)
+            out.fill_(float("nan"))  # a setting that writes nothing shows as nan, not as the last one's output
+            try:
+                ms, _ = timed(lambda: triton_video_attention(q, k, v, p, starts, sizes, sel, out, **config),
+                              args.iters)
+            except Exception as error:  # noqa: BLE001 - e.g. out of shared memory: report and go on
+                emit("kernel", seconds=seconds, kernel=name, num_warps=warps, num_stages=stages,
+                     error=f"{type(error).__name__}: {str(error)[:300]}")
+                continue
+            emit("kernel", seconds=seconds, kernel=name, num_warps=warps, num_stages=stages, kernel_ms=ms,
+                 tflops=4 * hd * video_pairs / ms / 1e9, rel_vs_pointer=rel(out[:, p:], want[:, p:]))
+
+
 def random_block(cfg, dev, dtype):
     """A full-size block, normal(0, 0.02) weights (norms at 1), fused QKV; and its state before fusing (diffusers')."""
     torch.manual_seed(0)
@@ -174,6 +251,9 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
     ap.add_argument("--json")
     ap.add_argument("--tune", action="store_true", help="time the kernel's launch settings (GPU)")
+    ap.add_argument("--kernel-only", action="store_true", help="only the Triton kernel's launch variants and settings")
+    ap.add_argument("--kernels", nargs="+", default=list(KERNEL_VARIANTS), choices=list(KERNEL_VARIANTS),
+                    help="--kernel-only: the variants to time")
     ap.add_argument("--quality", metavar="MODEL_DIR|tiny|full", help="the quality table instead of the timings "
                     "(full: the released-size model, random weights in memory)")
     ap.add_argument("--size", help="--quality: WIDTHxHEIGHT (default 128x64 tiny, else 1344x768)")
@@ -183,6 +263,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.quality:
         return quality(args)
+    if args.kernel_only:
+        return kernel_only(args)
 
     tiny = args.tiny
     dev = torch.device("cpu" if tiny else "cuda")

@@ -161,7 +161,8 @@ def test_triton_kernel_interpreted_matches_the_rule():
 
 _INTERPRETED_TMA = textwrap.dedent("""
     import torch
-    from comfyui_h3.backend.attention.vsa_kernel import reference, sparse_attention, select_tiles, triton_video_attention
+    from comfyui_h3.backend.attention.vsa_kernel import (reference, sparse_attention, select_tiles,
+                                                       triton_video_attention)
     from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
     from comfyui_h3.backend.attention import vsa_kernel, vsa_kernel_tma
     from comfyui_h3.backend.attention.dispatch import _sdpa
@@ -418,6 +419,24 @@ def test_bench_dry_run():
     # 2 of the 8 steps dense, 6 sparse, each forward 50 blocks
     want = 2 * 50 * block["dense_block_ms"] / 1e3 + 6 * 50 * block["vsa_block_ms"] / 1e3
     assert projection["vsa_request_s"] == pytest.approx(want) and parts[5]["rows"] < plan["rows"]
+
+
+@pytest.mark.skipif(triton is None, reason="triton is not installed: the kernels cannot be interpreted")
+def test_bench_kernel_only_dry_run():
+    """bench/vsa.py --kernel-only --tiny: the H200 kernel comparison's script path (every variant timed, its error vs
+    the pointer kernel) on the CPU through Triton's interpreter."""
+    import json
+
+    done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--kernel-only", "--tiny",
+                           "--seconds", "5", "--iters", "1"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [p["part"] for p in parts] == ["env", "plan"] + ["kernel"] * 4 and parts[0]["interpreted"]
+    assert parts[1]["tma_views"] == {"rows": "rows", "4d": "4d"} and parts[1]["edge_tiles"] > 0
+    assert [p["kernel"] for p in parts[2:]] == ["pointer", "tma", "tma-4d", "tma-ws"]
+    for line in parts[2:]:
+        assert line["kernel_ms"] > 0 and line["rel_vs_pointer"] < 1e-3, line  # nan (rows left unwritten) fails
 
 
 @pytest.mark.parametrize("name", ["fl2va", "edit", "extend"])
