@@ -9,7 +9,7 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
     python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d tma-ws]
         the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views,
-        warp-specialized) for num_warps 4, 8 x num_stages 2, 3, 4, each vs the pointer kernel's default output, on
+        warp-specialized) for num_warps 4, 8 x num_stages 2-5, each vs the pointer kernel's default output, on
         views of a fused QKV buffer (the DiT's layout); one "kernel" line per launch setting, a launch error reported
         and the next setting run. With --tiny: on the CPU under TRITON_INTERPRET=1 (one setting each; tested)
     python bench/vsa.py --quality MODEL_DIR|tiny|full [--steps 50] [--seconds 5] [--size 1344x768]
@@ -137,7 +137,9 @@ def quality(args) -> None:
              audio_rel_err=rel(got.audio_latents, dense.audio_latents))
 
 
-#: --kernel-only's launch variants: KERNEL_CONFIG overrides (vsa_kernel.py) beside num_warps / num_stages
+#: --kernel-only's launch variants: KERNEL_CONFIG overrides (vsa_kernel.py) beside num_warps / num_stages. From
+#: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
+#: from 5 (the pointer kernel: num_stages buffers); the warp-specialized loop keeps num_stages buffers.
 KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(tma=True, tma_view="rows"),
                    "tma-4d": dict(tma=True, tma_view="4d"), "tma-ws": dict(tma=True, tma_view="rows",
                                                                             warp_specialize=True)}
@@ -163,7 +165,7 @@ def kernel_only(args) -> None:
     if not runnable:
         emit("kernel", skipped="needs a CUDA GPU and triton, or TRITON_INTERPRET=1 on the CPU")
         return
-    settings = [(4, 3)] if tiny else list(itertools.product((4, 8), (2, 3, 4)))
+    settings = [(4, 3)] if tiny else list(itertools.product((4, 8), (2, 3, 4, 5)))
     for seconds in args.seconds:
         kernel_shape(args, cfg, seconds, dev, dtype, settings)
 
@@ -196,6 +198,8 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings) -> None:
                  "kernel would run): needs compute capability >= 9 and 16-byte aligned tensors")
             continue
         for warps, stages in settings:
+            if variant.get("warp_specialize") and warps != 4:
+                continue  # Triton 3.6 specializes (4 warps -> 12) only from num_warps=4; else it is "tma" again
             config = dict(variant, num_warps=warps, num_stages=stages)
             out.fill_(float("nan"))  # a setting that writes nothing shows as nan, not as the last one's output
             try:

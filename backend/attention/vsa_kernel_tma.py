@@ -13,8 +13,11 @@ and the pointer kernel runs otherwise. Two views of a [B, S, H, D] tensor (`tma_
 rows view) are masked in the scores as the pointer kernel masks them; rows past the end are zero-filled by TMA.
 A TMA store writes its whole 64-row box, so only full query tiles store through the descriptor; edge tiles use the
 masked pointer store. Host-side descriptors travel as kernel parameters: no triton.set_allocator is needed (that is
-for descriptors made inside a kernel). `warp_specialize`: tl.range(..., warp_specialize=True) on the key loop
-(Triton 3.6 runs its Hopper warp-specialization pass on such loops; bench/vsa.py --kernel-only times it).
+for descriptors made inside a kernel). `warp_specialize`: tl.range(..., warp_specialize=True) on the key loop.
+Triton 3.6 runs its Hopper warp-specialization pass on such loops (a TMA producer warp group and two consumer
+groups: num_warps=4 becomes 12, num_stages K/V buffers); from num_warps=8 it leaves the loop as it is. Without it,
+TMA loads at a row read from `sel` are double-buffered for num_stages 2-4 and triple-buffered from 5 (compiled for
+sm_90 without a GPU; bench/vsa.py --kernel-only times them all).
 """
 
 from __future__ import annotations
@@ -149,12 +152,14 @@ if triton is not None:
             vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
             acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale, PV_FP16)
         out = (acc / l_i[:, None]).to(o_desc.dtype)
-        if q_len == TILE:  # a TMA store writes the whole box: only a full tile's
+        # A TMA store writes the whole box: only a full tile's. Two ifs, not if / else: Triton 3.6's Hopper warp
+        # specializer leaves the whole kernel unspecialized when one branch stores through TMA and the other not.
+        if q_len == TILE:
             if ROWS_VIEW:
                 o_desc.store([b * S + q_start, h * HEAD_DIM], out)
             else:
                 o_desc.store([b, q_start, h, 0], out.reshape(1, TILE, 1, HEAD_DIM))
-        else:
+        if q_len < TILE:
             dims = tl.arange(0, HEAD_DIM)
             q_rows = (q_start + cols).to(tl.int64)
             tl.store(O + b.to(tl.int64) * sob + h.to(tl.int64) * soh + q_rows[:, None] * sos + dims[None, :],
