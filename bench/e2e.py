@@ -9,6 +9,27 @@ One side per process (each needs ~120 GiB: run them on two GPUs at once):
     CUDA_VISIBLE_DEVICES=0 python bench/e2e.py --side ours --seconds 10 --fasth3 --json fasth3.json
         # the FastH3 student's path: learned VSA gates (random), VSA top-k 0.1, 4 steps on its ladder
 
+Ulysses sequence parallelism on N GPUs of one host (`--sp N`: N processes, rank r on cuda:r, one NCCL + gloo
+process group; one side per command, the sides one after the other on the same GPUs). On a 2-GPU machine:
+
+    python bench/e2e.py --side ours --seconds 10 --steps 50 --sp 2 --timeout 580 --json ours_sp2.json
+    python bench/e2e.py --side diffusers --seconds 10 --steps 50 --sp 2 --timeout 580 --json diffusers_sp2.json
+    python bench/e2e.py --side ours --seconds 10 --fasth3 --sp 2 --timeout 580 --json fasth3_sp2.json
+    python bench/e2e.py --tiny --side ours|diffusers --sp 2   # N CPU ranks on gloo: the SP path end to end
+
+Ours: each rank joins the group and builds its pipeline through the engine worker's setup_rank (its ParallelContext:
+the DiT's rows split by Ulysses, the prompt encoded on rank 0 and broadcast, the VAE decode's clips shared), then
+runs the request as the worker does; the manifest carries every rank's peak memory. Diffusers: every rank runs the
+whole modular pipeline with the transformer under diffusers' own context parallelism
+(`enable_parallelism(ContextParallelConfig(ulysses_degree=N))`, as bench/sp_scaling.py --peer; it needs the packed
+length divisible by N: with this prompt's 174 text rows, 37,884 rows at 5 s and 73,560 at 10 s, both multiples of
+4), rank 0 reports. Every rank builds the same random
+weights (each component's initialisation seeded from its name, the DiTs from their own generator); the run checks
+that (a fingerprint of every component gathered from every rank) before timing. A rank that fails ends every rank and
+the run with its error; `--timeout S` stops them all after S seconds. Rank 0 prints its progress (build, warm-up, each
+step of the timed request) on stderr, so a run cut off by a device call's time limit still shows its step times.
+`--outputs PATH` saves a digest of the result (final latents, each frame's mean, the soundtrack) to compare runs.
+
 Both sides: prompt -> decoded video frames + soundtrack in host memory (no MP4: encoding is the save stage, measured
 in bench/decode_stream.py). Each side first runs a warm-up request (`--warmup-steps`, default 2: CUDA context, cuDNN
 plans, and for ours the block compile), then the timed request. Ours reports its stage manifest (text encode, each
@@ -19,7 +40,7 @@ The model folder is a skeleton: the tiny set's tokenizer / processor / scheduler
 released configs of the DiT, the VAEs and a Qwen3-VL text encoder of the released width (5120, 64 layers; H3 reads
 hidden_states[50]: ours gets the 50-layer stack its loader keeps, diffusers 51 layers, the fewest it accepts).
 The tiny tokenizer makes the prompt's token count, so both sides see the same text rows. Random weights: normal(0,
-0.02) for the DiTs (default inits blow up through 50 blocks), the libraries' own initialisation for the rest.
+0.02) for the DiTs (default inits blow up through 50 blocks), the libraries' own initialisation (seeded) for the rest.
 """
 
 from __future__ import annotations
@@ -32,6 +53,7 @@ import shutil
 import sys
 import tempfile
 import time
+import zlib
 
 import torch
 
@@ -96,6 +118,17 @@ def default_dtype(dtype):
         torch.set_default_dtype(old)
 
 
+@contextlib.contextmanager
+def seeded(name: str, device):
+    """The global RNG (CPU and `device`) seeded from a component's name while the library's own initialisation of that
+    component runs, and restored after: every rank (and a 1-rank run) gets the same random weights whichever other
+    components it builds and in whatever order (under SP only rank 0 builds our text encoder)."""
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(zlib.crc32(name.encode()))
+        yield
+
+
 def random_dit_(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """normal(0, 0.02) weights, norms at 1 (random default inits overflow bf16 through 50 blocks)."""
     gen = torch.Generator(device=next(module.parameters()).device).manual_seed(seed)
@@ -118,7 +151,7 @@ def text_encoder(folder: str, device, dtype, layers: int | None = None):
 
     config = AutoConfig.from_pretrained(folder)
     config.text_config.num_hidden_layers = layers or TEXT_LAYER
-    with torch.device(device), default_dtype(dtype):
+    with seeded("text_encoder", device), torch.device(device), default_dtype(dtype):
         model = Qwen3VLForConditionalGeneration._from_config(config, dtype=dtype)
     if layers is None:
         model.model.language_model.norm = torch.nn.Identity()
@@ -127,7 +160,7 @@ def text_encoder(folder: str, device, dtype, layers: int | None = None):
 
 
 def diffusers_module(cls, folder: str, device, dtype):
-    with torch.device(device), default_dtype(dtype):
+    with seeded(cls.__name__, device), torch.device(device), default_dtype(dtype):
         model = cls.from_config(cls.load_config(folder))
     return model.to(dtype).eval().requires_grad_(False)
 
@@ -151,9 +184,10 @@ def patch_our_loaders(device) -> None:
                 if name.startswith(FP32_MODULE_PREFIXES):
                     p.data = p.data.float()
         if adapter is not None:  # --fasth3: random learned VSA gates (the adapter file only marks the student)
+            gen = torch.Generator(device=dev).manual_seed(1)  # the same gates on every rank
             with torch.no_grad():
                 for block in model.transformer_blocks:
-                    block.attn.add_gate(torch.empty_like(block.attn.to_q.weight).normal_(0.0, 0.02))
+                    block.attn.add_gate(torch.empty_like(block.attn.to_q.weight).normal_(0.0, 0.02, generator=gen))
             model.vsa_gates = True
         return finish_loading(model, cfg, dev, fuse=fuse, storage=storage)  # rotary table, fused QKV, FP8: as loaded
 
@@ -168,12 +202,18 @@ def cuda_sync():
         torch.cuda.synchronize()
 
 
-def run_ours(args, folder, device) -> dict:
+def log(rank: int, text: str) -> None:
+    """Progress on stderr (rank 0 only; stdout carries the JSON): if a device call's time runs out mid-request, what
+    was measured so far is still in its output."""
+    if rank == 0:
+        print(f"[e2e] {text}", file=sys.stderr, flush=True)
+
+
+def our_config(args, folder, device, world: int = 1, port: int = 0):
+    """The engine config our side runs: what a loader node / the CLI would build for this machine."""
     from comfyui_h3.backend.pipelines.h3.family import h3_config
-    from comfyui_h3.backend.pipelines.h3.request import H3Request
     from comfyui_h3.backend.runtime import WeightPolicy
 
-    patch_our_loaders(device)
     weights = WeightPolicy(adaln="cache" if args.adaln_cache else "direct", storage="fp8" if args.fp8 else "compute")
     compile_ = "off" if args.no_compile or device.type != "cuda" else "on"
     attention, student = "sdpa", None
@@ -182,33 +222,114 @@ def run_ours(args, folder, device) -> dict:
         from comfyui_h3.tiny_model import ensure_tiny_student
 
         attention, student = spec(args.vsa_topk, 0), str(ensure_tiny_student())
+    engine = dict(device=device.type, world_size=world, attention=attention, weights=weights)  # "cuda": rank r on
+    if world > 1:  # cuda:r (CUDA_VISIBLE_DEVICES picks the GPUs); CPU ranks share the host's cores
+        engine.update(master_port=port, cpu_threads=max(1, (os.cpu_count() or 1) // world) if device.type == "cpu"
+                      else 0)
+    return h3_config(folder, dtype=args.dtype, vae_dtype=args.dtype, compile=compile_, student=student, **engine)
+
+
+def run_ours(args, folder, device, rank: int = 0, world: int = 1, port: int = 0) -> dict:
+    """One rank of our side. world > 1: this process is rank `rank` of `world` (started by run_sp); it joins the
+    process group and builds its pipeline through the engine worker's own setup_rank (ParallelContext, Ulysses)."""
+    from comfyui_h3.backend.executor.worker import setup_rank
+    from comfyui_h3.backend.manifest import engine_part
+    from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+    patch_our_loaders(device)
+    config = our_config(args, folder, device, world, port)
     t0 = time.perf_counter()
-    pipe = h3_config(folder, dtype=args.dtype, vae_dtype=args.dtype, compile=compile_, device=str(device),
-                     weights=weights, attention=attention, student=student).build_pipeline(0)
+    pipe, _ = setup_rank(rank, world, config, "127.0.0.1", port)  # threads, process group (world > 1), pipeline
     build_s = time.perf_counter() - t0
+    log(rank, f"rank 0 built its pipeline in {build_s:.1f} s (the DiT loads in the warm-up request)")
 
     def request(steps):
         return H3Request(prompt=PROMPT, num_frames=args.frames, steps=steps, seed=42, width=args.width,
                          height=args.height, schedule="fasth3" if args.fasth3 else "default")
 
+    def run(steps, on_step=None):  # what the worker's run_job does: every rank runs the request; rank 0 reports
+        # progress; a Stop flag polled at every step boundary (agreed across ranks, as in the engine)
+        return pipe.run(request(steps), on_step=on_step if rank == 0 else None, should_stop=lambda: False)
+
     t0 = time.perf_counter()
-    pipe.run(request(args.warmup_steps))
+    run(args.warmup_steps)
     cuda_sync()
     warm_s = time.perf_counter() - t0
+    log(rank, f"warm-up request ({args.warmup_steps} steps, DiT load and compile included) {warm_s:.1f} s")
+    # the DiT loaded in the warm-up; the text encoder is rank 0's alone
+    check_same_weights({"transformer": pipe.c.transformer_for("t2va"), "vae": pipe.c.vae,
+                        "audio_vae": pipe.c.audio_vae}, rank, world)
+    barrier(world)  # the timed request starts together on every rank
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    result = pipe.run(request(args.steps))
+    result = run(args.steps, lambda done, total, **_: log(rank, f"step {done}/{total} queued at "
+                                                              f"{time.perf_counter() - t0:.1f} s (host clock)"))
     cuda_sync()
     total = time.perf_counter() - t0
-    manifest = getattr(result, "manifest", None) or {}
+    if rank != 0:
+        return {}
+    manifest = engine_part(getattr(result, "manifest", None) or {}, config, build_s)
     video = result.frames
+    if args.outputs:  # the final latents too: the denoised result itself
+        save_outputs(args.outputs, video, result.audio, video_latents=result.video_latents,
+                     audio_latents=result.audio_latents)
     return {"side": "ours", "e2e_s": total, "build_s": build_s, "warmup_s": warm_s,
             "video": list(video.shape), "video_dtype": str(video.dtype),
             "audio": list(result.audio.shape) if getattr(result, "audio", None) is not None else None,
-            "weights": {"adaln": weights.adaln, "storage": weights.storage, "compile": compile_},
-            "attention": attention, "fasth3": bool(args.fasth3),
+            "weights": {"adaln": config.weights.adaln, "storage": config.weights.storage,
+                        "compile": config.options.compile},
+            "attention": config.attention, "fasth3": bool(args.fasth3),
+            "latents_norm": {"video": result.video_latents.double().norm().item(),
+                             "audio": result.audio_latents.double().norm().item()},
             "manifest": manifest}
+
+
+def save_outputs(path: str, frames: torch.Tensor, audio: torch.Tensor | None, **latents) -> None:
+    """--outputs: what the request produced, small enough to keep at any size, for comparing runs (the SP test: N
+    ranks vs one): each decoded frame's mean ([F, H, W, 3] -> [F]; the decode is split over the ranks), the
+    soundtrack, and ours' final latents."""
+    torch.save({"frames_shape": list(frames.shape), "frame_means": frames.double().mean(dim=(1, 2, 3)),
+                "audio": None if audio is None else audio.float().cpu(), **latents}, path)
+
+
+def fingerprint(modules: dict) -> dict:
+    """Per component, the float64 sum and sum of squares of a strided sample (<= 4096 values) of every parameter and
+    buffer: cheap at 33B parameters, wherever the weights live (device, pinned host, FP8)."""
+    prints = {}
+    for name, module in modules.items():
+        sums = {}  # per device holding weights: summed there, one copy to the host at the end
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            flat = tensor.detach().reshape(-1)
+            sample = flat[::max(1, flat.numel() // 4096)].double()
+            part = torch.stack([sample.sum(), sample.square().sum()])
+            sums[part.device] = sums[part.device] + part if part.device in sums else part
+        prints[name] = sum((v.cpu() for v in sums.values()), torch.zeros(2, dtype=torch.float64)).tolist()
+    return prints
+
+
+def check_same_weights(modules: dict, rank: int, world: int) -> None:
+    """Every rank holds the same random weights (what makes N ranks one model): the fingerprints are gathered and
+    compared on every rank, so all of them raise together, naming the component, instead of running on."""
+    if world == 1:
+        return
+    import torch.distributed as dist
+
+    gathered = [None] * world
+    dist.all_gather_object(gathered, fingerprint(modules))
+    for other in range(1, world):
+        for name, want in gathered[0].items():
+            got = gathered[other][name]
+            if any(abs(a - b) > 1e-9 * max(1.0, abs(a)) for a, b in zip(want, got)):
+                raise RuntimeError(f"rank {other}'s random {name} weights differ from rank 0's (fingerprint {got} vs "
+                                   f"{want}): every rank must build the same weights (seeded(), random_dit_)")
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 class EventTimer:
@@ -258,10 +379,20 @@ class EventTimer:
         self.total_ms, self.calls = 0.0, 0
 
 
-def run_diffusers(args, folder, device) -> dict:
+def run_diffusers(args, folder, device, rank: int = 0, world: int = 1, port: int = 0) -> dict:
+    """One rank of diffusers' side. world > 1: rank `rank` of `world` (started by run_sp) with the transformer under
+    diffusers' own Ulysses context parallelism (enable_parallelism(ContextParallelConfig(ulysses_degree=world))); every
+    rank runs the whole modular pipeline (its own text encoder and VAE decode, as diffusers does), rank 0 reports."""
     from diffusers import (AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Blocks,
                            MiniMaxH3Transformer3DModel)
 
+    if world > 1:
+        from comfyui_h3.backend.executor.worker import _init_process_group
+
+        torch.set_grad_enabled(False)
+        if device.type == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        _init_process_group(rank, world, str(device), "127.0.0.1", port)  # the engine's group: NCCL + gloo / gloo
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
     pipe = MiniMaxH3Blocks().init_pipeline(folder)
@@ -273,12 +404,17 @@ def run_diffusers(args, folder, device) -> dict:
         for name, p in transformer.named_parameters():
             if name.startswith(TRANSFORMER_FP32_PREFIXES):
                 p.data = p.data.float()
-    pipe.update_components(
-        transformer=transformer,
-        vae=diffusers_module(AutoencoderKLMiniMaxH3, os.path.join(folder, "vae"), device, dtype),
-        audio_vae=diffusers_module(AutoencoderKLMiniMaxH3Audio, os.path.join(folder, "audio_vae"), device, dtype),
-        text_encoder=text_encoder(os.path.join(folder, "text_encoder"), device, dtype, layers=51))
+    if world > 1:
+        enable_diffusers_ulysses(transformer, world, device)
+    parts = dict(transformer=transformer,
+                 vae=diffusers_module(AutoencoderKLMiniMaxH3, os.path.join(folder, "vae"), device, dtype),
+                 audio_vae=diffusers_module(AutoencoderKLMiniMaxH3Audio, os.path.join(folder, "audio_vae"), device,
+                                            dtype),
+                 text_encoder=text_encoder(os.path.join(folder, "text_encoder"), device, dtype, layers=51))
+    pipe.update_components(**parts)
     build_s = time.perf_counter() - t0
+    check_same_weights(parts, rank, world)
+    log(rank, f"diffusers' pipeline built in {build_s:.1f} s")
     dit_timer = EventTimer(transformer)
     vae_timer = EventTimer(pipe.vae, "decode")
 
@@ -293,8 +429,10 @@ def run_diffusers(args, folder, device) -> dict:
         call(args.warmup_steps)
     cuda_sync()
     warm_s = time.perf_counter() - t0
+    log(rank, f"warm-up request ({args.warmup_steps} steps) {warm_s:.1f} s")
     dit_timer.reset()
     vae_timer.reset()
+    barrier(world)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
@@ -302,11 +440,94 @@ def run_diffusers(args, folder, device) -> dict:
         out = call(args.steps)
     cuda_sync()
     total = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None
+    peaks = [peak]
+    if world > 1:
+        import torch.distributed as dist
+
+        peaks = [None] * world
+        dist.all_gather_object(peaks, peak)
+    if rank != 0:
+        return {}
     videos = out["videos"] if isinstance(out, dict) else out[0]
     shape = list(videos.shape) if hasattr(videos, "shape") else [len(videos)]
+    if args.outputs:  # videos: one list of PIL frames per prompt (output_type "pil", the default)
+        import numpy as np
+
+        frames = torch.from_numpy(np.stack([np.asarray(frame) for frame in videos[0]]))
+        audio = out["audio"] if isinstance(out, dict) else out[1]
+        save_outputs(args.outputs, frames, torch.as_tensor(np.asarray(audio[0] if len(audio) == 1 else audio)))
     return {"side": "diffusers", "e2e_s": total, "build_s": build_s, "warmup_s": warm_s, "video": shape,
             "dit_s": dit_timer.seconds(), "dit_calls": dit_timer.calls, "vae_decode_s": vae_timer.seconds(),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == "cuda" else None}
+            "peak_gib": max(peaks) if peak is not None else None,
+            "peak_gib_per_rank": peaks if peak is not None else None}
+
+
+def enable_diffusers_ulysses(transformer, world: int, device) -> None:
+    """diffusers' own Ulysses for its transformer (what bench/sp_scaling.py --peer measures). diffusers 0.42.1 takes
+    the rank's device and mesh type from the host's accelerator (rank % torch.accelerator.device_count(): a division
+    by zero on a host without one, a CUDA mesh beside CPU ranks on a GPU host); for CPU ranks (--tiny) both queries
+    read "cpu, one device" while the mesh is built. On GPUs nothing is changed."""
+    from unittest import mock
+
+    from diffusers import ContextParallelConfig
+
+    config = ContextParallelConfig(ulysses_degree=world)
+    if device.type != "cpu":
+        transformer.enable_parallelism(config=config)
+        return
+    with mock.patch.object(torch._C, "_get_accelerator", lambda *a, **k: torch.device("cpu")), \
+            mock.patch.object(torch.accelerator, "device_count", lambda: 1):
+        transformer.enable_parallelism(config=config)
+
+
+def run_sp(args, folder) -> dict:
+    """--sp N: N processes (torch.multiprocessing spawn), one per device (cuda:0..N-1, or N CPU ranks with --tiny), each
+    building the same random weights and joining one process group; rank 0's result. A rank that raises or dies ends
+    every rank (the spawn context terminates the others) and this run with its error; so does --timeout."""
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    from comfyui_h3.backend.executor.mp_executor import _free_port
+
+    out = os.path.join(os.path.dirname(folder), "rank0.json")
+    context = mp.start_processes(_sp_rank, args=(args, folder, _free_port(), out), nprocs=args.sp, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    try:
+        while not context.join(timeout=5 if deadline is None else min(5.0, max(0.05, deadline - time.monotonic())),
+                               grace_period=10):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise SystemExit(f"e2e --sp {args.sp}: the ranks did not finish within --timeout {args.timeout:g} s; "
+                                 "stopped them all (rank 0's progress lines above show how far they got).")
+    except ProcessException as exc:
+        print(str(exc), file=sys.stderr)
+        raise SystemExit(f"e2e --sp {args.sp}: rank {exc.error_index} failed ({str(exc).strip().splitlines()[-1]}); "
+                         "every rank was stopped.") from None
+    finally:
+        for process in context.processes:  # on the timeout, Ctrl-C or an error here: no rank outlives the run
+            if process.is_alive():
+                process.terminate()
+        for process in context.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    with open(out) as handle:
+        return json.load(handle)
+
+
+def _sp_rank(rank: int, args, folder: str, port: int, out: str) -> None:
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+    run = run_ours if args.side == "ours" else run_diffusers
+    result = run(args, folder, device, rank, args.sp, port)
+    if rank == 0:
+        with open(out, "w") as handle:
+            json.dump(result, handle, default=str)
+    from comfyui_h3.backend.executor.worker import close_process_group
+
+    barrier(args.sp)  # gloo aborts a peer whose connection closes while it still reads
+    close_process_group()
 
 
 def main() -> None:
@@ -325,13 +546,28 @@ def main() -> None:
                          "with --vsa-topk and no dense steps, the 4-step fasth3 schedule: --steps and "
                          "--warmup-steps become 4)")
     ap.add_argument("--vsa-topk", type=float, default=0.1, help="--fasth3: video tiles each video tile attends")
+    ap.add_argument("--sp", type=int, default=1, metavar="N",
+                    help="Ulysses sequence parallelism on N GPUs of this host (cuda:0..N-1; N CPU ranks with --tiny): "
+                         "N processes, one process group, rank 0 reports")
+    ap.add_argument("--timeout", type=float, default=0,
+                    help="--sp: stop every rank and fail after this many seconds (0: none beyond the process "
+                         "group's own 10-minute collective timeout)")
+    ap.add_argument("--outputs", metavar="PATH",
+                    help="torch.save a digest of the timed request's result here, to compare runs: each frame's mean, "
+                         "the soundtrack, and (ours) the final video / audio latents")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.fasth3 and args.side != "ours":
         ap.error("--fasth3 runs our side only (diffusers has no FastH3 student)")
+    if args.sp < 1:
+        ap.error(f"--sp must be >= 1, got {args.sp}")
     from comfyui_h3.backend.pipelines.h3.geometry import frames_for_seconds
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    args.device = device.type
+    if args.sp > 1 and device.type == "cuda" and torch.cuda.device_count() < args.sp:
+        ap.error(f"--sp {args.sp} needs {args.sp} visible GPUs; this host shows {torch.cuda.device_count()} "
+                 "(check CUDA_VISIBLE_DEVICES)")
     if args.tiny:
         args.width, args.height, args.dtype = 64, 64, "float32"
         args.steps, args.warmup_steps = min(args.steps, 3), 2
@@ -343,13 +579,20 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="h3-e2e-")
     try:
         folder = make_skeleton(root, args.tiny)
-        run = run_ours if args.side == "ours" else run_diffusers
-        result = run(args, folder, device)
+        if args.sp > 1:
+            try:  # e.g. a degree that does not divide the heads (the same DiT on both sides): one line, before a
+                our_config(args, folder, device, args.sp).validate()  # rank starts
+            except ValueError as exc:
+                raise SystemExit(f"e2e --sp {args.sp}: {exc}") from None
+            result = run_sp(args, folder)
+        else:
+            run = run_ours if args.side == "ours" else run_diffusers
+            result = run(args, folder, device)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result.update(machine=torch.cuda.get_device_name() if device.type == "cuda" else "cpu", torch=torch.__version__,
                   seconds=args.seconds, frames=args.frames, size=f"{args.width}x{args.height}", steps=args.steps,
-                  dtype=args.dtype)
+                  dtype=args.dtype, sp_degree=args.sp)
     text = json.dumps(result, default=str)
     print(text)
     if args.json:
