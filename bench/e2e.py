@@ -422,7 +422,8 @@ def run_diffusers(args, folder, device, rank: int = 0, world: int = 1, port: int
         # counts evaluations (schedule.py), so both run `steps` DiT forwards
         return pipe(prompt=PROMPT, num_frames=args.frames, height=args.height, width=args.width,
                     num_inference_steps=steps + 1, generator=torch.Generator(device).manual_seed(42),
-                    output=["videos", "audio"])
+                    output_type="np", output=["videos", "audio"])  # frames on the host as arrays, like ours
+                                                                 # (the default "pil" adds PIL images to the time)
 
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -451,10 +452,10 @@ def run_diffusers(args, folder, device, rank: int = 0, world: int = 1, port: int
         return {}
     videos = out["videos"] if isinstance(out, dict) else out[0]
     shape = list(videos.shape) if hasattr(videos, "shape") else [len(videos)]
-    if args.outputs:  # videos: one list of PIL frames per prompt (output_type "pil", the default)
+    if args.outputs:  # videos: [prompts, frames, H, W, 3] floats in [0, 1] (output_type "np"): as uint8 like ours
         import numpy as np
 
-        frames = torch.from_numpy(np.stack([np.asarray(frame) for frame in videos[0]]))
+        frames = torch.from_numpy((np.asarray(videos[0]) * 255.0).round().clip(0, 255).astype(np.uint8))
         audio = out["audio"] if isinstance(out, dict) else out[1]
         save_outputs(args.outputs, frames, torch.as_tensor(np.asarray(audio[0] if len(audio) == 1 else audio)))
     return {"side": "diffusers", "e2e_s": total, "build_s": build_s, "warmup_s": warm_s, "video": shape,
