@@ -8,6 +8,7 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
                         [--steps 50 --dense-first 0.25 --layers 50] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
     python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d tma-ws]
+                        [--selection random local]
         the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views,
         warp-specialized) for num_warps 4, 8 x num_stages 2-5, each vs the pointer kernel's default output, on
         views of a fused QKV buffer (the DiT's layout); one "kernel" line per launch setting, a launch error reported
@@ -167,11 +168,23 @@ def kernel_only(args) -> None:
         return
     settings = [(4, 3)] if tiny else list(itertools.product((4, 8), (2, 3, 4, 5)))
     for seconds in args.seconds:
-        kernel_shape(args, cfg, seconds, dev, dtype, settings)
+        for selection in args.selection:
+            kernel_shape(args, cfg, seconds, dev, dtype, settings, selection)
 
 
-def kernel_shape(args, cfg, seconds: float, dev, dtype, settings) -> None:
-    """--kernel-only at one clip length: a "plan" line, then one "kernel" line per (variant, warps, stages)."""
+def local_selection(num_tiles: int, k: int, batch: int, heads: int, device) -> torch.Tensor:
+    """[B, H, T, k]: each video tile's k nearest tiles in tile order (a window around itself, shifted inside the
+    grid), the same for every head. Random q / k make every tile's selection different and scattered, the worst case
+    for reuse of key tiles across query tiles in the L2 cache; a trained model's selections are local (the premise of
+    VSA), which this models at its most local."""
+    start = (torch.arange(num_tiles) - k // 2).clamp(0, num_tiles - k)
+    sel = start[:, None] + torch.arange(k)
+    return sel.expand(batch, heads, num_tiles, k).to(device)
+
+
+def kernel_shape(args, cfg, seconds: float, dev, dtype, settings, selection: str = "random") -> None:
+    """--kernel-only at one clip length and selection ("random": select_tiles on the random q / k; "local":
+    local_selection): a "plan" line, then one "kernel" line per (variant, warps, stages)."""
     from comfyui_h3.backend.attention.vsa_kernel import triton_video_attention
     from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
 
@@ -184,11 +197,13 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings) -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(1, seq, 3, heads, hd, device=dev, dtype=dtype).unbind(2)
     starts, sizes, _ = plan.tables(dev)
-    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk)
+    sel = (select_tiles(q, k, p, plan.tile_sizes, plan.topk) if selection == "random"
+           else local_selection(plan.num_tiles, plan.topk, 1, heads, dev))
     video_pairs = attended_pairs(plan, sel) - p * seq * heads
     want = triton_video_attention(q, k, v, p, starts, sizes, sel, torch.empty_like(q), tma=False)
     out = torch.empty_like(q)
-    emit("plan", seconds=seconds, rows=seq, prefix_rows=p, video_tiles=plan.num_tiles, topk_tiles=plan.topk,
+    emit("plan", seconds=seconds, selection=selection, rows=seq, prefix_rows=p, video_tiles=plan.num_tiles,
+         topk_tiles=plan.topk,
          edge_tiles=int((plan.tile_sizes < 64).sum()), layout="fused_qkv_views",
          tma_views={view: tma_view(q, k, v, out, view) for view in ("rows", "4d")})
     for name in args.kernels:
@@ -209,7 +224,8 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings) -> None:
                 emit("kernel", seconds=seconds, kernel=name, num_warps=warps, num_stages=stages,
                      error=f"{type(error).__name__}: {str(error)[:300]}")
                 continue
-            emit("kernel", seconds=seconds, kernel=name, num_warps=warps, num_stages=stages, kernel_ms=ms,
+            emit("kernel", seconds=seconds, selection=selection, kernel=name, num_warps=warps, num_stages=stages,
+                 kernel_ms=ms,
                  tflops=4 * hd * video_pairs / ms / 1e9, rel_vs_pointer=rel(out[:, p:], want[:, p:]))
 
 
@@ -258,6 +274,9 @@ def main() -> None:
     ap.add_argument("--kernel-only", action="store_true", help="only the Triton kernel's launch variants and settings")
     ap.add_argument("--kernels", nargs="+", default=list(KERNEL_VARIANTS), choices=list(KERNEL_VARIANTS),
                     help="--kernel-only: the variants to time")
+    ap.add_argument("--selection", nargs="+", default=["random"], choices=["random", "local"],
+                    help="--kernel-only: key tiles chosen by the rule on random q / k, or each tile's nearest "
+                         "(local_selection: a trained model's locality at its most)")
     ap.add_argument("--quality", metavar="MODEL_DIR|tiny|full", help="the quality table instead of the timings "
                     "(full: the released-size model, random weights in memory)")
     ap.add_argument("--size", help="--quality: WIDTHxHEIGHT (default 128x64 tiny, else 1344x768)")

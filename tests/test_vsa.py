@@ -428,15 +428,26 @@ def test_bench_kernel_only_dry_run():
     import json
 
     done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--kernel-only", "--tiny",
-                           "--seconds", "5", "--iters", "1"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1"))
+                           "--seconds", "5", "--iters", "1", "--selection", "random", "local"], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [p["part"] for p in parts] == ["env", "plan"] + ["kernel"] * 4 and parts[0]["interpreted"]
+    assert [p["part"] for p in parts] == ["env"] + (["plan"] + ["kernel"] * 4) * 2 and parts[0]["interpreted"]
+    assert [p["selection"] for p in parts if p["part"] == "plan"] == ["random", "local"]
     assert parts[1]["tma_views"] == {"rows": "rows", "4d": "4d"} and parts[1]["edge_tiles"] > 0
-    assert [p["kernel"] for p in parts[2:]] == ["pointer", "tma", "tma-4d", "tma-ws"]
-    for line in parts[2:]:
+    assert [p["kernel"] for p in parts[2:6]] == ["pointer", "tma", "tma-4d", "tma-ws"]
+    for line in parts[2:6] + parts[7:]:
         assert line["kernel_ms"] > 0 and line["rel_vs_pointer"] < 1e-3, line  # nan (rows left unwritten) fails
+
+
+def test_local_selection_is_each_tiles_nearest_window():
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from vsa import local_selection
+
+    sel = local_selection(10, 4, 1, 2, "cpu")
+    assert sel.shape == (1, 2, 10, 4) and torch.equal(sel[0, 0], sel[0, 1])
+    assert sel[0, 0, 0].tolist() == [0, 1, 2, 3] and sel[0, 0, 5].tolist() == [3, 4, 5, 6]
+    assert sel[0, 0, 9].tolist() == [6, 7, 8, 9]  # shifted inside the grid, still 4 distinct tiles, ascending
 
 
 @pytest.mark.parametrize("name", ["fl2va", "edit", "extend"])
