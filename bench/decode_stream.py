@@ -168,6 +168,7 @@ def main() -> None:
         "streamed_yuv_process": dict(gpu_yuv=True, encoder="process"),  # shipped: FileSink passes the device
         "streamed_yuv_process_nice": dict(gpu_yuv=True, encoder="process", encoder_nice=args.nice),
         "streamed_yuv_process_threads": dict(gpu_yuv=True, encoder="process", threads=max(1, cores // 2)),
+        "streamed_yuv_process_frame_threads": dict(gpu_yuv=True, encoder="process", thread_type="frame"),
     }
     chosen = list(variants) if args.variants == "all" else args.variants.split(",")
     report = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -459,3 +459,25 @@ def test_as_fraction():
     assert as_fraction(24000 / 1001) == Fraction(24000, 1001) and as_fraction("30000/1001") == Fraction(30000, 1001)
     with pytest.raises(ValueError):
         as_fraction(0)
+
+
+@pytest.mark.parametrize("thread_type", ["slice", "frame"])
+def test_thread_type_reaches_the_encoder_and_the_video_round_trips(tmp_path, thread_type, monkeypatch):
+    seen = []
+    real = av.container.OutputContainer.add_stream
+
+    def add_stream(self, *args, **kwargs):  # record the context the writer configured, after it is configured
+        stream = real(self, *args, **kwargs)
+        seen.append(stream)
+        return stream
+
+    monkeypatch.setattr(av.container.OutputContainer, "add_stream", add_stream)
+    frames = torch.randint(0, 255, (6, 32, 48, 3), dtype=torch.uint8)
+    path = tmp_path / f"{thread_type}.mp4"
+    with Mp4Writer(path, 48, 32, 24, crf=0, thread_type=thread_type, threads=2) as writer:
+        writer.write_frames(frames)
+    assert seen[0].codec_context.thread_type.name == thread_type.upper()
+    assert decode_video(path).frames.shape == frames.shape
+    with pytest.raises(ValueError, match="thread_type"):
+        Mp4Writer(tmp_path / "bad.mp4", 48, 32, 24, thread_type="auto")
+    assert not (tmp_path / "bad.mp4").exists()

@@ -259,6 +259,7 @@ class Mp4Writer:
         reserved: bool = False,
         codec: str = "h264",
         threads: int | None = None,
+        thread_type: str | None = None,
     ):
         self._reserved = bool(reserved)
         self._file_object = not isinstance(path, (str, os.PathLike))
@@ -268,13 +269,13 @@ class Mp4Writer:
         self.closed = False
         try:  # a writer that cannot start gives its reserved placeholder back, whatever the reason
             self._setup(width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
-                        audio_bitrate, codec, threads)
+                        audio_bitrate, codec, threads, thread_type)
         except BaseException:
             self._abort()
             raise
 
     def _setup(self, width, height, fps, audio_sample_rate, audio_channels, crf, preset, metadata, odd_size,
-               audio_bitrate, codec, threads=None) -> None:
+               audio_bitrate, codec, threads=None, thread_type=None) -> None:
         width, height = int(width), int(height)
         check_encoder_options(codec, crf, preset)
         self.codec = CODECS[codec]
@@ -312,6 +313,11 @@ class Mp4Writer:
         self._threads = None if threads is None else int(threads)
         if self._threads is not None and self._threads < 0:
             raise ValueError(f"threads must be >= 0 (0 = the encoder's own choice), got {threads}")
+        # "slice": threads split each frame (PyAV's default: a frame is done soon after it arrives); "frame": threads
+        # take whole frames (more throughput, frames in flight); None: PyAV's default
+        if thread_type not in (None, "slice", "frame"):
+            raise ValueError(f"thread_type must be 'slice', 'frame' or None, got {thread_type!r}")
+        self._thread_type = thread_type
         self._open(metadata, crf, preset, audio_bitrate)
 
     # -- setup ---------------------------------------------------------------------------------------------------------
@@ -341,6 +347,8 @@ class Mp4Writer:
         context.time_base = 1 / self.fps
         if self._threads:
             context.thread_count = self._threads
+        if self._thread_type:
+            context.thread_type = self._thread_type.upper()
         if self.codec.yuv:
             context.color_primaries = context.color_trc = context.colorspace = _BT709
             context.color_range = ColorRange.MPEG
