@@ -332,53 +332,6 @@ def barrier(world: int) -> None:
         dist.barrier()
 
 
-class EventTimer:
-    """CUDA-event (or host-clock) time spent inside a module's forward (hooks: the call signature stays what callers
-    inspect), or inside another method (`method`, wrapped), summed over calls."""
-
-    def __init__(self, module, method="forward"):
-        self.total_ms, self.calls, self.pending, self._open = 0.0, 0, [], None
-        if method == "forward":
-            module.register_forward_pre_hook(lambda *_: self._start())
-            module.register_forward_hook(lambda *_: self._stop())
-            return
-        inner = getattr(module, method)
-
-        def timed(*a, **k):
-            self._start()
-            out = inner(*a, **k)
-            self._stop()
-            return out
-
-        setattr(module, method, timed)
-
-    def _start(self):
-        if torch.cuda.is_available():
-            self._open = torch.cuda.Event(enable_timing=True)
-            self._open.record()
-        else:
-            self._open = time.perf_counter()
-
-    def _stop(self):
-        if torch.cuda.is_available():
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.pending.append((self._open, end))
-        else:
-            self.total_ms += (time.perf_counter() - self._open) * 1000
-        self.calls += 1
-
-    def seconds(self) -> float:
-        cuda_sync()
-        self.total_ms += sum(s.elapsed_time(e) for s, e in self.pending)
-        self.pending = []
-        return self.total_ms / 1000
-
-    def reset(self):
-        self.seconds()
-        self.total_ms, self.calls = 0.0, 0
-
-
 def run_diffusers(args, folder, device, rank: int = 0, world: int = 1, port: int = 0) -> dict:
     """One rank of diffusers' side. world > 1: rank `rank` of `world` (started by run_sp) with the transformer under
     diffusers' own Ulysses context parallelism (enable_parallelism(ContextParallelConfig(ulysses_degree=world))); every
@@ -415,6 +368,8 @@ def run_diffusers(args, folder, device, rank: int = 0, world: int = 1, port: int
     build_s = time.perf_counter() - t0
     check_same_weights(parts, rank, world)
     log(rank, f"diffusers' pipeline built in {build_s:.1f} s")
+    from cuda_timing import EventTimer
+
     dit_timer = EventTimer(transformer)
     vae_timer = EventTimer(pipe.vae, "decode")
 
