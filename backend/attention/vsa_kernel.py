@@ -26,11 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-try:  # Triton is optional: the torch fallback implements the same rule
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
-    triton = None
+from . import vsa_kernel_tma
+from .vsa_softmax import tl, triton, triton_supported  # noqa: F401 - triton_supported re-exported
 
 
 def pooled(x: torch.Tensor, num_prefix: int, tile_sizes: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
@@ -150,21 +147,7 @@ def torch_video_attention(q, k, v, num_prefix: int, tile_of: torch.Tensor, sel: 
 
 
 if triton is not None:
-    @triton.jit
-    def _online_softmax_step(q, kk, vv, valid, acc, m_i, l_i, qk_scale, PV_FP16: tl.constexpr):
-        # One block of key rows (K `kk`, V `vv`; `valid` marks the block's own keys) into the online softmax
-        # state. Shared by the pointer kernel and the TMA one (vsa_kernel_tma.py).
-        s = tl.dot(q, tl.trans(kk)) * qk_scale  # log2 domain
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        pr = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(pr, 1)
-        if PV_FP16:  # probabilities keep 3 more mantissa bits in fp16 (V must fit fp16's range)
-            acc = acc * alpha[:, None] + tl.dot(pr.to(tl.float16), vv.to(tl.float16))
-        else:
-            acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
-        return acc, m_new, l_i
+    from .vsa_softmax import _online_softmax_step
 
     @triton.jit
     def _attend_keys(q, acc, m_i, l_i, k_base, v_base, keys, valid, sks, svs, qk_scale, dims,
@@ -221,12 +204,6 @@ if triton is not None:
                  out.to(O.dtype.element_ty), mask=rows[:, None] < q_len)
 
 
-def triton_supported(q: torch.Tensor) -> bool:
-    d = q.shape[-1]
-    return (triton is not None and q.dtype in (torch.bfloat16, torch.float16) and 16 <= d <= 256
-            and d & (d - 1) == 0 and q.stride(-1) == 1)
-
-
 #: Launch settings measured on the H200 (bench/vsa.py --tune, 10-s shape, 56 heads, ~10% of tiles; docs/BENCHMARKS.md,
 #: "VSA"): one selected tile per key block, 4 warps, 3 stages: 56.0 ms. Two tiles per block: 76.0 ms; 8 warps: >= 109 ms;
 #: P.V in fp16: +23% time for no accuracy gain (the bf16 output's own rounding dominates the error).
@@ -250,8 +227,6 @@ def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes
     sel = sel.to(torch.int32).contiguous()
     settings = {**KERNEL_CONFIG, **config}
     if settings["tma"]:
-        from . import vsa_kernel_tma  # imported here: it imports this module's softmax step
-
         view = vsa_kernel_tma.tma_view(q, k, v, out, settings["tma_view"])
         if view is not None:
             return vsa_kernel_tma.launch_tma(q, k, v, out, num_prefix, starts, sizes, sel, pv_fp16, view,

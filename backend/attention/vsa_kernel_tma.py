@@ -1,7 +1,7 @@
 """The VSA kernel's second launch variant (vsa_kernel.py has the rule and the pointer kernel): Q, K and V tiles come in
 through TMA tensor descriptors (Hopper and later: an asynchronous bulk copy into shared memory per 64-row block, no
 per-element address arithmetic or registers for addresses, pipelined over num_stages) and full query tiles go out the
-same way. Same rule, same grid, same online softmax (vsa_kernel._online_softmax_step) as the pointer kernel.
+same way. Same rule, same grid, same online softmax (vsa_softmax._online_softmax_step) as the pointer kernel.
 
 Selected with triton_video_attention(..., tma=True) (KERNEL_CONFIG's "tma"); it runs only where `tma_supported` holds
 and the pointer kernel runs otherwise. Two views of a [B, S, H, D] tensor (`tma_view`):
@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from .vsa_kernel import triton, triton_supported
+from .vsa_softmax import triton, triton_supported
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -112,7 +112,7 @@ def _descriptor(x: torch.Tensor, view: str) -> TensorDescriptor:
 if triton is not None:
     import triton.language as tl
 
-    from .vsa_kernel import _online_softmax_step
+    from .vsa_softmax import _online_softmax_step
 
     @triton.jit
     def _tile_rows(desc, b, row, h, S, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_VIEW: tl.constexpr):
