@@ -6,20 +6,21 @@ import { el } from "./dom.js";
 import { clampOpacity, clearFramePrompts, nextObjectId, objectIds, removeObject } from "./editor_logic.js";
 import { clearKeyframe, ensureKeyframe, removeKeyframe } from "./mask_logic.js";
 
+const PAN_TOOL = ["pan", "pan", "Pan the view (H; or drag with the middle button, or hold Space and drag)"];  // both editors
 const MASK_TOOLS = [
   ["brush", "brush", "Brush: paint the mask (B)"],
   ["eraser", "eraser", "Eraser: remove painted mask (E)"],
   ["rect", "rect", "Rectangle: moves smoothly between keyframes (R)"],
   ["ellipse", "ellipse", "Ellipse: moves smoothly between keyframes (O)"],
   ["move", "move", "Move a rectangle / ellipse on this frame; makes a keyframe (V)"],
-  ["pan", "pan", "Pan the view (H; or drag with the middle button, or hold Space and drag)"],
+  PAN_TOOL,
 ];
 const PROMPT_TOOLS = [
   ["point-pos", "click +", "Positive click: this is the object (A)"],
   ["point-neg", "click −", "Negative click: this is not the object (N)"],
   ["box", "box", "Box around the object on this frame; one per object and frame (X)"],
   ["remove-prompt", "remove", "Remove the click or box nearest the pointer (D)"],
-  ["pan", "pan", "Pan the view (H; or drag with the middle button, or hold Space and drag)"],
+  PAN_TOOL,
 ];
 
 export const TOOL_KEYS = { b: "brush", e: "eraser", r: "rect", o: "ellipse", v: "move", h: "pan", a: "point-pos", n: "point-neg", x: "box", d: "remove-prompt" };  // the tools' keys
