@@ -34,6 +34,40 @@ from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
 
 
+def time_qkv_variant(variant: str, cfg, ref, inputs: dict, args, compile_backend: str, profiles: dict) -> dict:
+    """Our block with another QKV layout, compiled (with coordinate-descent tuning under --tuned): median ms, and the
+    attention kernel's own ms from a profile (--profile) -- the layout of q/k/v is what cuDNN sees."""
+    if variant not in ("separate", "fused_contiguous_v"):
+        raise SystemExit(f"unknown --qkv-variants entry {variant!r}")
+    block = H3Block(cfg).to(inputs["x"].device, inputs["x"].dtype).eval()
+    block.load_state_dict(ref.state_dict())
+    attention = inputs["attention"]
+    if variant == "fused_contiguous_v":
+        block.attn.fuse_qkv()
+        dense = attention
+
+        def attention(q, k, v, plan=None):
+            return dense(q, k, v.contiguous(), plan)
+
+    options = {"coordinate_descent_tuning": True} if args.tuned and compile_backend == "inductor" else None
+    block.compile(backend=compile_backend, options=options)
+
+    @torch.no_grad()
+    def run():
+        return block(inputs["x"].clone(), block.adaln_proj(inputs["temb"]), inputs["segments"], inputs["rope"],
+                     attention)
+
+    out = {}
+    out[f"compiled_{variant}_ms"], out[f"compiled_{variant}_peak_gib"] = timed(run, args.iters, warmup=3)
+    if args.profile:
+        rows, totals = kernel_table(run, iters=3)
+        print_table(f"ours_compiled_{variant}", rows, totals)
+        profiles[f"ours_compiled_{variant}"] = {"kernels": rows, "totals_ms": totals}
+        out.update({f"compiled_{variant}_{kind}_ms": ms for kind, ms in totals.items()})
+    del block
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -42,6 +76,10 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--tuned", action="store_true", help="with --compile: also Inductor coordinate-descent tuning")
     ap.add_argument("--profile", action="store_true", help="kernel tables of diffusers' block and ours")
+    ap.add_argument("--qkv-variants", default="",
+                    help="with --compile: also time these compiled QKV layouts (comma list of: separate = three "
+                         "GEMMs, contiguous q/k/v as diffusers has them; fused_contiguous_v = the fused GEMM with V "
+                         "copied contiguous before attention)")
     ap.add_argument("--json")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run: every part runs)")
     args = ap.parse_args()
@@ -116,6 +154,9 @@ def main() -> None:
             rows, totals = kernel_table(fn, iters=3)
             print_table(label, rows, totals)
             profiles[label] = {"kernels": rows, "totals_ms": totals}
+    for variant in filter(None, args.qkv_variants.split(",")) if args.compile else ():
+        inputs = dict(x=x, temb=temb, segments=segments, rope=(cos, sin), attention=attention)
+        results.update(time_qkv_variant(variant, cfg, ref, inputs, args, compile_backend, profiles))
     if args.compile and args.tuned:
         import torch._inductor.config as inductor_config
         from torch._dynamo import reset as dynamo_reset
@@ -138,6 +179,12 @@ def main() -> None:
     with torch.nn.attention.sdpa_kernel(cudnn_only):
         results["sdpa_bhsd_contiguous_ms"], _ = timed(
             lambda: torch.nn.functional.scaled_dot_product_attention(qc, qc, qc), args.iters)
+    # q/k/v as views of one fused [B, S, 3, H, D] buffer (rows 3x wider apart), all three or V alone
+    qkv = torch.randn(1, seq, 3, heads, head_dim, device=dev, dtype=dtype)
+    fq, fk, fv = qkv.unbind(2)
+    results["sdpa_fused_views_ms"], _ = timed(lambda: attention(fq, fk, fv), args.iters)
+    results["sdpa_strided_v_ms"], _ = timed(lambda: attention(q, q, fv), args.iters)
+    del qkv, fq, fk, fv
     w_qkv = ours.attn.qkv_weight
     h = torch.randn(1, seq, cfg.hidden_size, device=dev, dtype=dtype)
 

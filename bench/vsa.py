@@ -7,10 +7,10 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
     python bench/vsa.py [--seconds 5 10 15] [--topk 0.1] [--iters 5] [--compile] [--fp8] [--skip-diffusers]
                         [--steps 50 --dense-first 0.25 --layers 50] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
-    python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d tma-ws]
+    python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d]
                         [--selection random local]
-        the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views,
-        warp-specialized) for num_warps 4, 8 x num_stages 2-5, each vs the pointer kernel's default output, on
+        the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views)
+        for num_warps 4, 8 x num_stages 2-5, each vs the pointer kernel's default output, on
         views of a fused QKV buffer (the DiT's layout); one "kernel" line per launch setting, a launch error reported
         and the next setting run. With --tiny: on the CPU under TRITON_INTERPRET=1 (one setting each; tested)
     python bench/vsa.py --quality MODEL_DIR|tiny|full [--steps 50] [--seconds 5] [--size 1344x768]
@@ -140,10 +140,9 @@ def quality(args) -> None:
 
 #: --kernel-only's launch variants: KERNEL_CONFIG overrides (vsa_kernel.py) beside num_warps / num_stages. From
 #: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
-#: from 5 (the pointer kernel: num_stages buffers); the warp-specialized loop keeps num_stages buffers.
+#: from 5 (the pointer kernel: num_stages buffers).
 KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(tma=True, tma_view="rows"),
-                   "tma-4d": dict(tma=True, tma_view="4d"), "tma-ws": dict(tma=True, tma_view="rows",
-                                                                            warp_specialize=True)}
+                   "tma-4d": dict(tma=True, tma_view="4d")}
 
 
 def kernel_only(args) -> None:
@@ -213,9 +212,7 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings, selection: str
                  "kernel would run): needs compute capability >= 9 and 16-byte aligned tensors")
             continue
         for warps, stages in settings:
-            if variant.get("warp_specialize") and warps != 4:
-                continue  # Triton 3.6 specializes (4 warps -> 12) only from num_warps=4; else it is "tma" again
-            config = dict(variant, num_warps=warps, num_stages=stages)
+            config = dict(variant, num_warps=warps, num_stages=stages, tma_stages=stages)
             out.fill_(float("nan"))  # a setting that writes nothing shows as nan, not as the last one's output
             try:
                 ms, _ = timed(lambda: triton_video_attention(q, k, v, p, starts, sizes, sel, out, **config),

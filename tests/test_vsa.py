@@ -173,8 +173,8 @@ _INTERPRETED_TMA = textwrap.dedent("""
         return launch(*args, **kwargs)
     vsa_kernel_tma.launch_tma = counted
     dense = lambda a, b, c: _sdpa(a.float(), b.float(), c.float()).to(a.dtype)
-    for (num_prefix, grid), topk, layout, view, ws, want_view in {cases}:
-        vsa_kernel.KERNEL_CONFIG.update(tma=True, tma_view=view, warp_specialize=ws)
+    for (num_prefix, grid), topk, layout, view, want_view in {cases}:
+        vsa_kernel.KERNEL_CONFIG.update(tma=True, tma_view=view)
         torch.manual_seed(num_prefix)
         _, sizes = tile_order(grid)
         s = num_prefix + int(sizes.sum())
@@ -188,7 +188,7 @@ _INTERPRETED_TMA = textwrap.dedent("""
         got = sparse_attention(q, k, v, plan, dense, use_triton=True)
         assert launches.pop() == want_view and not launches
         err = float((got.double() - want).norm() / want.norm())
-        print(num_prefix, grid, topk, layout, view, ws, err)
+        print(num_prefix, grid, topk, layout, view, err)
         assert err <= 2e-3, err
     # Tile tables in reverse row order: an edge tile's program runs before the full tiles after its rows, so a store
     # past its own rows would be left standing; the TMA kernel must equal the pointer kernel (float32 out, NaN-filled).
@@ -219,12 +219,11 @@ _INTERPRETED_TMA = textwrap.dedent("""
 def test_tma_kernel_interpreted_matches_the_rule():
     """The TMA-descriptor variant (vsa_kernel_tma.py) through Triton's interpreter, which runs tensor descriptors on
     CPU tensors (zero fill past the tensor, as TMA): both descriptor views, fused-QKV views (rows view) and
-    heads-outermost tensors (4-D only), a batch of 2 (the rows view's blocks run into the next batch: masked), the
-    warp-specialize flag (a compile-time hint the interpreter ignores: its loop is the same), and the edge-tile
-    store. fp16 for the interpreter's broken bf16 dot (see above); bf16 on the GPU test below."""
+    heads-outermost tensors (4-D only), a batch of 2 (the rows view's blocks run into the next batch: masked), and
+    the edge-tile store. fp16 for the interpreter's broken bf16 dot (see above); bf16 on the GPU test below."""
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    cases = [((70, (5, 6, 7)), 3, "fused", "auto", False, "rows"), ((0, (4, 4, 4)), 2, "fused", "4d", False, "4d"),
-             ((130, (3, 9, 4)), 3, "heads", "auto", True, "4d")]
+    cases = [((70, (5, 6, 7)), 3, "fused", "rows", "rows"), ((0, (4, 4, 4)), 2, "fused", "auto", "4d"),
+             ((130, (3, 9, 4)), 3, "heads", "auto", "4d")]
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_TMA.format(cases=cases)], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
@@ -243,8 +242,8 @@ def test_tma_fallback_rule(monkeypatch):
     assert tma.tma_view(q, k, v, torch.empty_like(q)) is None  # CPU tensors without the interpreter
     monkeypatch.setattr(tma, "interpreting", lambda: True)
     out = torch.empty_like(q)
-    assert tma.tma_view(q, k, v, out) == "rows" and tma.tma_view(q, k, v, out, "4d") == "4d"
-    assert tma.tma_view(q, k, v, out.float()) == "rows"  # a float32 output (the kernel's own arithmetic)
+    assert tma.tma_view(q, k, v, out) == "4d" and tma.tma_view(q, k, v, out, "rows") == "rows"  # auto: 4-D first
+    assert tma.tma_view(q, k, v, out.float()) == "4d"  # a float32 output (the kernel's own arithmetic)
     heads_outer = torch.randn(2, 4, 100, 32).half().transpose(1, 2)
     assert tma.tma_view(heads_outer, k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), heads_outer) is None
     assert tma.tma_view(heads_outer, heads_outer, heads_outer, torch.empty_like(heads_outer)) == "4d"
@@ -262,15 +261,16 @@ def test_tma_fallback_rule(monkeypatch):
                     reason="needs a CUDA GPU and triton: the bf16 Triton kernel runs only there (CPU: interpreted "
                            "fp16 test above, fallback tests)")
 @pytest.mark.parametrize("num_prefix,grid", SHAPES + [(1000, (12, 16, 20))])
-@pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4), ("tma-ws", 4)])
+@pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4)])
 def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, kernel, topk, monkeypatch):
     """Both launch variants: the pointer kernel (one or two selected tiles per key block) and the TMA-descriptor one
-    (rows view, 4-D view, warp-specialized key loop) on views of a fused QKV buffer, as the DiT passes them."""
+    (rows view, 4-D view) on views of a fused QKV buffer, as the DiT passes them."""
     from comfyui_h3.backend.attention import vsa_kernel
     from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
 
-    config = {"pairs1": dict(pairs=1), "pairs2": dict(pairs=2), "tma": dict(tma=True),
-              "tma-4d": dict(tma=True, tma_view="4d"), "tma-ws": dict(tma=True, warp_specialize=True)}[kernel]
+    config = {"pairs1": dict(pairs=1, tma=False), "pairs2": dict(pairs=2, tma=False),
+              "tma": dict(tma=True, tma_view="rows"),
+              "tma-4d": dict(tma=True, tma_view="4d")}[kernel]
     if config.get("tma") and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the TMA kernel needs compute capability >= 9 (Hopper); this GPU runs the pointer kernel")
     for key, value in config.items():
@@ -432,11 +432,11 @@ def test_bench_kernel_only_dry_run():
                           text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [p["part"] for p in parts] == ["env"] + (["plan"] + ["kernel"] * 4) * 2 and parts[0]["interpreted"]
+    assert [p["part"] for p in parts] == ["env"] + (["plan"] + ["kernel"] * 3) * 2 and parts[0]["interpreted"]
     assert [p["selection"] for p in parts if p["part"] == "plan"] == ["random", "local"]
     assert parts[1]["tma_views"] == {"rows": "rows", "4d": "4d"} and parts[1]["edge_tiles"] > 0
-    assert [p["kernel"] for p in parts[2:6]] == ["pointer", "tma", "tma-4d", "tma-ws"]
-    for line in parts[2:6] + parts[7:]:
+    assert [p["kernel"] for p in parts[2:5]] == ["pointer", "tma", "tma-4d"]
+    for line in parts[2:5] + parts[6:]:
         assert line["kernel_ms"] > 0 and line["rel_vs_pointer"] < 1e-3, line  # nan (rows left unwritten) fails
 
 

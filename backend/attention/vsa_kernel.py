@@ -207,11 +207,12 @@ if triton is not None:
 #: Launch settings measured on the H200 (bench/vsa.py --tune, 10-s shape, 56 heads, ~10% of tiles; docs/BENCHMARKS.md,
 #: "VSA"): one selected tile per key block, 4 warps, 3 stages: 56.0 ms. Two tiles per block: 76.0 ms; 8 warps: >= 109 ms;
 #: P.V in fp16: +23% time for no accuracy gain (the bf16 output's own rounding dominates the error).
-#: "tma": the TMA-descriptor variant (vsa_kernel_tma.py; one tile per key block, "pairs" unused) where
-#: vsa_kernel_tma.tma_supported holds, else this pointer kernel; "tma_view": "auto" / "rows" / "4d";
-#: "warp_specialize": the TMA kernel's key loop warp-specialized (bench/vsa.py --kernel-only times them).
-KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": False, "tma_view": "auto",
-                 "warp_specialize": False}
+#: "tma": the TMA-descriptor variant (vsa_kernel_tma.py; one tile per key block, "pairs" unused), run where
+#: vsa_kernel_tma.tma_supported holds (Hopper and later), else this pointer kernel; "tma_view": "auto" / "rows" /
+#: "4d"; "tma_stages": its num_stages. Measured on the H200 at the 10-s shape (bench/vsa.py --kernel-only, 4 warps):
+#: TMA, 4-D view, 5 stages 44.6 ms (389 TFLOP/s on the attended blocks) vs this kernel's 55.5 ms on random
+#: selections; 43.3 vs 55.5 ms on local ones; 8 warps >= 74 ms for both.
+KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": True, "tma_view": "auto", "tma_stages": 5}
 
 
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
@@ -230,8 +231,7 @@ def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes
         view = vsa_kernel_tma.tma_view(q, k, v, out, settings["tma_view"])
         if view is not None:
             return vsa_kernel_tma.launch_tma(q, k, v, out, num_prefix, starts, sizes, sel, pv_fp16, view,
-                                             int(settings["num_warps"]), int(settings["num_stages"]),
-                                             bool(settings["warp_specialize"]))
+                                             int(settings["num_warps"]), int(settings["tma_stages"]))
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

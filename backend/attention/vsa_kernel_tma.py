@@ -9,15 +9,15 @@ and the pointer kernel runs otherwise. Two views of a [B, S, H, D] tensor (`tma_
   Triton tutorials pipeline; needs heads packed within a row (stride(2) == D: contiguous q/k/v and views of a fused
   [B, S, 3, H, D] QKV buffer alike) and batches evenly spaced (B == 1 or stride(0) == S * stride(1));
 - "4d": a [B, S, H, D] descriptor with [1, 64, 1, D] blocks, reshaped to [64, D]: any strides TMA accepts.
-"auto" picks "rows" where it applies. Block rows past a tile's length (the next tile's, or the next batch's in the
+"auto" picks "4d" (measured on the H200 at the 10-s shape, 4 warps, 5 stages: 44.6 ms vs 44.9 ms for "rows" on
+random selections, 43.3 vs 49.0 ms on local ones; docs/BENCHMARKS.md) and "rows" where only that one applies. Block rows past a tile's length (the next tile's, or the next batch's in the
 rows view) are masked in the scores as the pointer kernel masks them; rows past the end are zero-filled by TMA.
 A TMA store writes its whole 64-row box, so only full query tiles store through the descriptor; edge tiles use the
 masked pointer store. Host-side descriptors travel as kernel parameters: no triton.set_allocator is needed (that is
-for descriptors made inside a kernel). `warp_specialize`: tl.range(..., warp_specialize=True) on the key loop.
-Triton 3.6 runs its Hopper warp-specialization pass on such loops (a TMA producer warp group and two consumer
-groups: num_warps=4 becomes 12, num_stages K/V buffers); from num_warps=8 it leaves the loop as it is. Without it,
-TMA loads at a row read from `sel` are double-buffered for num_stages 2-4 and triple-buffered from 5 (compiled for
-sm_90 without a GPU; bench/vsa.py --kernel-only times them all).
+for descriptors made inside a kernel). TMA loads at a row read from `sel` are double-buffered for num_stages 2-4 and
+triple-buffered from 5 (Triton 3.6's sm_90 compile): 5 stages is the fastest setting measured. A warp-specialized key
+loop (tl.range(..., warp_specialize=True)) was tried and removed: with Triton 3.6 on the H200 it ran 1.9x slower
+than this loop and gave wrong results for some settings.
 """
 
 from __future__ import annotations
@@ -92,9 +92,12 @@ def tma_view(q, k, v, out, view: str = "auto") -> str | None:
     if b * s >= 2 ** 31:
         return None
     rows = all(_rows_view_fits(t) and _fits_tma(t, [t.stride(1), 1]) for t in tensors)
-    if view == "rows" or (view == "auto" and rows):
+    four_d = all(_fits_tma(t, _strides_4d(t)) for t in tensors)
+    if view == "rows":
         return "rows" if rows else None
-    return "4d" if all(_fits_tma(t, _strides_4d(t)) for t in tensors) else None
+    if view == "4d" or four_d:
+        return "4d" if four_d else None
+    return "rows" if rows else None
 
 
 def tma_supported(q, k, v, out, view: str = "auto") -> bool:
@@ -126,9 +129,9 @@ if triton is not None:
     @triton.jit
     def _vsa_video_fwd_tma(q_desc, k_desc, v_desc, o_desc, O, starts, sizes, sel, S, P, H, T, NSEL, qk_scale,
                            sob, sos, soh, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, ROWS_VIEW: tl.constexpr,
-                           PV_FP16: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                           PV_FP16: tl.constexpr):
         # One program per (video query tile, batch * head), as _vsa_video_fwd. One key loop over the prefix blocks
-        # and then the selected tiles (one loop for the pipeliner and the warp specializer to schedule).
+        # and then the selected tiles (one loop for the pipeliner to schedule).
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -143,7 +146,7 @@ if triton is not None:
         cols = tl.arange(0, TILE)
         n_prefix = tl.cdiv(P, TILE)
         sel_base = sel + (bh * T + tile) * NSEL
-        for i in tl.range(0, n_prefix + NSEL, warp_specialize=WARP_SPECIALIZE):
+        for i in tl.range(0, n_prefix + NSEL):
             in_prefix = i < n_prefix
             kt = tl.load(sel_base + tl.maximum(i - n_prefix, 0))  # always in bounds; unused in the prefix
             start = tl.where(in_prefix, i * TILE, tl.load(starts + kt))
@@ -152,8 +155,7 @@ if triton is not None:
             vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
             acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale, PV_FP16)
         out = (acc / l_i[:, None]).to(o_desc.dtype)
-        # A TMA store writes the whole box: only a full tile's. Two ifs, not if / else: Triton 3.6's Hopper warp
-        # specializer leaves the whole kernel unspecialized when one branch stores through TMA and the other not.
+        # A TMA store writes the whole box: only a full tile's; an edge tile stores through masked pointers.
         if q_len == TILE:
             if ROWS_VIEW:
                 o_desc.store([b * S + q_start, h * HEAD_DIM], out)
@@ -167,7 +169,7 @@ if triton is not None:
 
 
 def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool, view: str, num_warps: int,
-               num_stages: int, warp_specialize: bool = False) -> torch.Tensor:
+               num_stages: int) -> torch.Tensor:
     """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]); returns out."""
     b, s, h, d = q.shape
     t, nsel = sel.shape[2], sel.shape[3]
@@ -175,6 +177,5 @@ def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool,
     _vsa_video_fwd_tma[(t, b * h)](*descs, out, starts, sizes, sel, s, num_prefix, h, t, nsel,
                                    d ** -0.5 * math.log2(math.e), out.stride(0), out.stride(1), out.stride(2),
                                    HEAD_DIM=d, TILE=TILE, ROWS_VIEW=view == "rows", PV_FP16=bool(pv_fp16),
-                                   WARP_SPECIALIZE=bool(warp_specialize), num_warps=num_warps,
-                                   num_stages=num_stages)
+                                   num_warps=num_warps, num_stages=num_stages)
     return out
