@@ -7,6 +7,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ..opaque_op import opaque_op
 from .registry import AttentionBackend, AttentionFn, get_backend, register  # noqa: F401 - AttentionFn re-exported
 
 
@@ -30,11 +31,22 @@ def _cudnn_first_context():
         return contextlib.nullcontext()
 
 
-def _sdpa_cudnn_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def _sdpa_cudnn_first_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     if not q.is_cuda:
-        return _sdpa(q, k, v)
+        return _sdpa(q, k, v).contiguous()
     with _cudnn_first_context():
-        return _sdpa(q, k, v)
+        return _sdpa(q, k, v).contiguous()  # already so where q is: the kernel's output follows q's layout
+
+
+def _sdpa_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))  # [B, S, H, D] contiguous, as the eager call returns
+
+
+# Opaque to torch.compile: the compiled blocks call the same cuDNN attention as eager code does. Traced into the
+# block's graph, Inductor's own lowering of the cuDNN op ran 8-11 % slower on the H200 than this call in eager mode
+# (5-s shape: 77-80 ms vs 70-72 ms, bench/dit_block.py --profile; docs/BENCHMARKS.md).
+_sdpa_cudnn_first = opaque_op("sdpa_cudnn_first", "(Tensor q, Tensor k, Tensor v) -> Tensor",
+                              _sdpa_cudnn_first_eager, _sdpa_fake)
 
 
 def _math_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

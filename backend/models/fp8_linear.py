@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import RequestError
+from ..opaque_op import opaque_op
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -159,30 +160,22 @@ def _rows_fake(x, swiglu, kernels):
     return x.new_empty((*x.shape[:-1], cols), dtype=FP8), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
-def _custom_op(name: str, schema: str, impl, fake):
-    """A custom op (opaque to torch.compile, shapes from `fake`). The package can be imported twice in one process
-    under two names (ComfyUI loads it by path; tests also import comfyui_h3): the first registration serves both."""
-    if not hasattr(torch.ops.comfyui_h3, name):
-        op = torch.library.custom_op(f"comfyui_h3::{name}", impl, mutates_args=(), schema=schema)
-        op.register_fake(fake)
-    return getattr(torch.ops.comfyui_h3, name)
-
-
-_norm_modulate_op = _custom_op(
+_norm_modulate_op = opaque_op(
     "fp8_norm_modulate",
     "(Tensor x, Tensor weight, float eps, int[] starts, int[] stops, int[] rows, Tensor scale, Tensor shift, "
     "bool kernels) -> (Tensor, Tensor)", _norm_modulate_impl, _norm_modulate_fake)
-_rows_op = _custom_op("fp8_quantise_rows", "(Tensor x, bool swiglu, bool kernels) -> (Tensor, Tensor)",
+_rows_op = opaque_op("fp8_quantise_rows", "(Tensor x, bool swiglu, bool kernels) -> (Tensor, Tensor)",
                       _rows_impl, _rows_fake)
 
 
 # ---- the producers a block calls -------------------------------------------------------------------------------
 
 def covering_runs(runs, seq: int) -> list[tuple[int, int, int]]:
-    """Runs (start, stop, table_row) plus the rows no run covers, as runs with table row -1 (normalised, not
-    modulated, as the bf16 path leaves them), in row order."""
+    """Runs (start, stop, table_row), in row order as h3_ops.RowSegments builds them, plus the rows no run covers,
+    as runs with table row -1 (normalised, not modulated, as the bf16 path leaves them). No sorting here: once a
+    block recompiles for a second layout, Dynamo may hold the bounds as symbolic ints, which it cannot sort."""
     out, at = [], 0
-    for start, stop, r in sorted(runs):
+    for start, stop, r in runs:
         if start > at:
             out.append((at, start, -1))
         out.append((start, stop, r))

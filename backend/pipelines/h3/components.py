@@ -354,8 +354,13 @@ def compile_blocks(dit: H3Transformer, backend: str | Callable = "inductor") -> 
     A compile failure falls back to eager instead of failing the request: dynamo's `suppress_errors`, set only while
     one of these blocks runs (dynamo reads it when a call compiles), so ComfyUI's and other packs' compiles keep
     their own setting."""
+    # Inductor's coordinate-descent tuning of its generated kernels (per compile, not global: ComfyUI's and other
+    # packs' compiles keep their settings): the norm / modulation / rotary / SwiGLU passes 5.7 -> 4.3 ms per block
+    # at the 5-s shape on the H200 (bench/dit_block.py --tuned --profile), a few seconds more compile, once.
+    options = {"coordinate_descent_tuning": True} if backend == "inductor" else None
     for block in dit.transformer_blocks:
-        block.compile(backend=backend)  # torch.nn.Module.compile: the compiled call lives in _compiled_call_impl
+        # torch.nn.Module.compile: the compiled call lives in _compiled_call_impl
+        block.compile(backend=backend, options=options)
         compiled = getattr(block, "_compiled_call_impl", None)
         if compiled is None:
             raise RuntimeError("torch.nn.Module.compile set no _compiled_call_impl: this torch is not supported.")
