@@ -42,9 +42,11 @@ def _sdpa_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return q.new_empty((*q.shape[:-1], v.shape[-1]))  # [B, S, H, D] contiguous, as the eager call returns
 
 
-# Opaque to torch.compile: the compiled blocks call the same cuDNN attention as eager code does. Traced into the
-# block's graph, Inductor's own lowering of the cuDNN op ran 8-11 % slower on the H200 than this call in eager mode
-# (5-s shape: 77-80 ms vs 70-72 ms, bench/dit_block.py --profile; docs/BENCHMARKS.md).
+# Opaque to torch.compile: a compiled block calls exactly the eager path (cuDNN first, by the priority context above,
+# whatever this torch's Inductor does with SDPA), so compiled and eager attention are the same kernel. Measured on the
+# H200 at the 5-s shape: the cuDNN kernel itself takes 76.7-78.4 ms in our compiled block either way (traced or opaque)
+# vs 71.5 ms in diffusers' eager block and 73.0 ms alone -- the same kernel on equal shapes; why is not known yet
+# (bench/dit_block.py --profile; docs/BENCHMARKS.md).
 _sdpa_cudnn_first = opaque_op("sdpa_cudnn_first", "(Tensor q, Tensor k, Tensor v) -> Tensor",
                               _sdpa_cudnn_first_eager, _sdpa_fake)
 
