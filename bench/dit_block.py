@@ -5,8 +5,8 @@ audio rows + 502 text rows = 73,888 rows).
     python bench/dit_block.py [--seconds 10] [--iters 5] [--compile [--tuned]] [--profile] [--json OUT.json]
 
 --profile: kernel-by-kernel tables (bench/kernel_profile.py) of diffusers' block and ours (compiled when --compile):
-where the time outside the GEMMs and attention goes. --tuned: also compile ours with Inductor's coordinate-descent
-tuning of its generated kernels and time that.
+where the time outside the GEMMs and attention goes. --tuned: also compile ours with the engine's block options
+(components.block_compile_options: Inductor's coordinate-descent tuning) and time that.
 
 Prints per-variant median ms, peak memory, and our/diffusers ratio; checks outputs agree (bf16 rel err).
 """
@@ -29,6 +29,7 @@ from comfyui_h3.backend.attention.dispatch import get_attention  # noqa: E402
 from comfyui_h3.backend.models.h3_ops import RowSegments, rope_inv_freq, rope_tables  # noqa: E402
 from comfyui_h3.backend.models.h3_transformer import H3Block, H3TransformerConfig  # noqa: E402
 from comfyui_h3.backend.models.tiny import TINY_TRANSFORMER_CONFIG  # noqa: E402
+from comfyui_h3.backend.pipelines.h3.components import block_compile_options  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.layout import build_layout  # noqa: E402
 from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan  # noqa: E402
@@ -49,8 +50,7 @@ def time_qkv_variant(variant: str, cfg, ref, inputs: dict, args, compile_backend
         def attention(q, k, v, plan=None):
             return dense(q, k, v.contiguous(), plan)
 
-    options = {"coordinate_descent_tuning": True} if args.tuned and compile_backend == "inductor" else None
-    block.compile(backend=compile_backend, options=options)
+    block.compile(backend=compile_backend, options=block_compile_options(compile_backend) if args.tuned else None)
 
     @torch.no_grad()
     def run():
@@ -158,12 +158,10 @@ def main() -> None:
         inputs = dict(x=x, temb=temb, segments=segments, rope=(cos, sin), attention=attention)
         results.update(time_qkv_variant(variant, cfg, ref, inputs, args, compile_backend, profiles))
     if args.compile and args.tuned:
-        import torch._inductor.config as inductor_config
         from torch._dynamo import reset as dynamo_reset
 
         dynamo_reset()
-        inductor_config.coordinate_descent_tuning = True
-        ours.compile(backend=compile_backend)
+        ours.compile(backend=compile_backend, options=block_compile_options(compile_backend))  # the engine's options
         results["ours_tuned_ms"], _ = timed(run_ours, args.iters, warmup=3)
         if args.profile:
             rows, totals = kernel_table(run_ours, iters=3)

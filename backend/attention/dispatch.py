@@ -32,9 +32,7 @@ def _cudnn_first_context():
 
 
 def _sdpa_cudnn_first_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    if not q.is_cuda:
-        return _sdpa(q, k, v).contiguous()
-    with _cudnn_first_context():
+    with _cudnn_first_context() if q.is_cuda else contextlib.nullcontext():
         return _sdpa(q, k, v).contiguous()  # already so where q is: the kernel's output follows q's layout
 
 

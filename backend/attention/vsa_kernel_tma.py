@@ -10,10 +10,10 @@ and the pointer kernel runs otherwise. Two views of a [B, S, H, D] tensor (`tma_
   [B, S, 3, H, D] QKV buffer alike) and batches evenly spaced (B == 1 or stride(0) == S * stride(1));
 - "4d": a [B, S, H, D] descriptor with [1, 64, 1, D] blocks, reshaped to [64, D]: any strides TMA accepts.
 "auto" picks "4d" (measured on the H200 at the 10-s shape, 4 warps, 5 stages: 44.6 ms vs 44.9 ms for "rows" on
-random selections, 43.3 vs 49.0 ms on local ones; docs/BENCHMARKS.md) and "rows" where only that one applies. Block rows past a tile's length (the next tile's, or the next batch's in the
-rows view) are masked in the scores as the pointer kernel masks them; rows past the end are zero-filled by TMA.
-A TMA store writes its whole 64-row box, so only full query tiles store through the descriptor; edge tiles use the
-masked pointer store. Host-side descriptors travel as kernel parameters: no triton.set_allocator is needed (that is
+random selections, 43.3 vs 49.0 ms on local ones; docs/BENCHMARKS.md) and "rows" where only that one applies.
+Block rows past a tile's length (the next tile's, or the next batch's in the rows view) are masked in the scores as
+the pointer kernel masks them; rows past the end are zero-filled by TMA. A TMA store writes its whole 64-row box, so
+only full query tiles store through the descriptor; edge tiles use the masked pointer store. Host-side descriptors travel as kernel parameters: no triton.set_allocator is needed (that is
 for descriptors made inside a kernel). TMA loads at a row read from `sel` are double-buffered for num_stages 2-4 and
 triple-buffered from 5 (Triton 3.6's sm_90 compile): 5 stages is the fastest setting measured. A warp-specialized key
 loop (tl.range(..., warp_specialize=True)) was tried and removed: with Triton 3.6 on the H200 it ran 1.9x slower
@@ -95,9 +95,9 @@ def tma_view(q, k, v, out, view: str = "auto") -> str | None:
     four_d = all(_fits_tma(t, _strides_4d(t)) for t in tensors)
     if view == "rows":
         return "rows" if rows else None
-    if view == "4d" or four_d:
-        return "4d" if four_d else None
-    return "rows" if rows else None
+    if four_d:
+        return "4d"
+    return "rows" if view == "auto" and rows else None
 
 
 def tma_supported(q, k, v, out, view: str = "auto") -> bool:

@@ -347,6 +347,14 @@ def folder_settings(folder: str | os.PathLike) -> dict:
     return settings
 
 
+def block_compile_options(backend: str | Callable = "inductor") -> dict | None:
+    """torch.compile options for the DiT blocks: Inductor's coordinate-descent tuning of its generated kernels, per
+    compile (not global: ComfyUI's and other packs' compiles keep their settings). The norm / modulation / rotary /
+    SwiGLU passes 5.7 -> 4.3 ms per block at the 5-s shape on the H200 (bench/dit_block.py --tuned --profile), for a
+    few seconds more compile, once. Other backends take no Inductor options."""
+    return {"coordinate_descent_tuning": True} if backend == "inductor" else None
+
+
 def compile_blocks(dit: H3Transformer, backend: str | Callable = "inductor") -> None:
     """Regional compilation: every block compiles to the same graph (parameters are graph inputs), so 50 blocks cost
     one compile; Inductor fuses the norm / modulation / rotary / SwiGLU / gated-residual elementwise work around the
@@ -354,10 +362,7 @@ def compile_blocks(dit: H3Transformer, backend: str | Callable = "inductor") -> 
     A compile failure falls back to eager instead of failing the request: dynamo's `suppress_errors`, set only while
     one of these blocks runs (dynamo reads it when a call compiles), so ComfyUI's and other packs' compiles keep
     their own setting."""
-    # Inductor's coordinate-descent tuning of its generated kernels (per compile, not global: ComfyUI's and other
-    # packs' compiles keep their settings): the norm / modulation / rotary / SwiGLU passes 5.7 -> 4.3 ms per block
-    # at the 5-s shape on the H200 (bench/dit_block.py --tuned --profile), a few seconds more compile, once.
-    options = {"coordinate_descent_tuning": True} if backend == "inductor" else None
+    options = block_compile_options(backend)
     for block in dit.transformer_blocks:
         # torch.nn.Module.compile: the compiled call lives in _compiled_call_impl
         block.compile(backend=backend, options=options)
