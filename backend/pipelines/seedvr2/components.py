@@ -10,11 +10,29 @@ import torch
 from ...models.seedvr2.checkpoints import load_dit, load_text_embedding, load_vae
 
 
+def cpu_has_native_bf16() -> bool:
+    """oneDNN's own check: the CPU has bf16 instructions (AVX512-BF16 / AMX). Without them (AVX2-only CPUs) torch
+    runs bf16 convolutions through a reference path: a 3x3x3 conv3d over 32 channels took 0.29 s in bf16 vs 0.04 s in
+    float32 on one AVX2 core."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without oneDNN: no fast bf16 either
+        return False
+
+
+def vae_dtype_for(device: torch.device, requested: torch.dtype) -> torch.dtype:
+    """The VAE's dtype on this device: a bf16 VAE on a CPU without native bf16 runs in float32 instead (several
+    times faster there, and closer to the exact result); everything else as requested."""
+    if device.type == "cpu" and requested == torch.bfloat16 and not cpu_has_native_bf16():
+        return torch.float32
+    return requested
+
+
 class SeedVR2Components:
     def __init__(self, options, runtime):
         self.device = runtime.device
         self.dtype = runtime.compute_dtype
-        self.vae_dtype = getattr(torch, options.vae_dtype)
+        self.vae_dtype = vae_dtype_for(self.device, getattr(torch, options.vae_dtype))
         self.dit = load_dit(options.dit_path, self.device, self.dtype, expect=options.variant)
         self.vae = load_vae(options.vae_path, self.device, self.vae_dtype)
         # [L, 5120] -> the DiT's compute dtype once; every batch reuses it. A pickle beside the DiT gets its
