@@ -1,7 +1,7 @@
 """Decode -> MP4 with the released-size H3 video VAE: the decode alone, decode then save, and the decode streamed
 into StreamingVideoSaver clip by clip: RGB (CPU colour conversion) vs YUV 4:2:0 made on the GPU, the writer on a
 thread of this process vs in a child process (encoder_process.py), the child niced or with x264 capped at half the
-cores; in one run, with equal-frame checks.
+cores, the clips decoded eagerly vs replayed from a CUDA graph (`*_graphs`); in one run, with equal-frame checks.
 
     python bench/decode_stream.py                          # H200: 10 s at 1344x768 (243 frames), random bf16 VAE
     python bench/decode_stream.py --tiny --device cpu      # seconds-long smoke run on the CPU (tiny VAE)
@@ -101,32 +101,45 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def run_variant(name, vae, timer, latents, device, out_dir, geo, args, saver_options=None, stream=True):
-    """One pass: decode clip by clip; `saver_options` None = decode alone (chunks kept on the device)."""
+def run_variant(name, vae, timer, latents, device, out_dir, geo, args, saver_options=None, stream=True,
+                cuda_graphs=False):
+    """One pass: decode clip by clip; `saver_options` None = decode alone (chunks kept on the device);
+    `cuda_graphs`: the clips after the first replayed from a CUDA graph (clip_graph.py). The graph captures the bare
+    decoder, so the per-clip event timer is off for those runs (vae_gpu_s null)."""
     timer.reset()
-    sync(device)
-    t0 = time.perf_counter()
-    kept, saver = [], None
-    if saver_options is not None:
-        saver = StreamingVideoSaver(os.path.join(out_dir, f"{name}.mp4"), geo[1], geo[0], 24, crf=args.crf,
-                                    preset=args.preset, device=device, **saver_options)
-    decode_s = None
-    for chunk in iter_decode_video(vae, latents, device):
-        kept.append(chunk)
-        if saver is not None and stream:
-            saver.write(chunk)
-    if saver is not None and not stream:
+    if cuda_graphs:
+        vae._decode_clip = timer.inner
+    try:
         sync(device)
-        decode_s = time.perf_counter() - t0
-        for chunk in kept:
-            saver.write(chunk)
-    if saver is not None:
-        saver.close()
-    sync(device)
-    wall = time.perf_counter() - t0
-    result = {"variant": name, "wall_s": round(wall, 3), "vae_gpu_s": round(timer.gpu_s(), 3),
-              "vae_launch_cpu_s": round(timer.cpu_s, 3), "frames": sum(int(c.shape[0]) for c in kept),
-              "checksum": checksum(kept)}
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        kept, saver = [], None
+        if saver_options is not None:
+            saver = StreamingVideoSaver(os.path.join(out_dir, f"{name}.mp4"), geo[1], geo[0], 24, crf=args.crf,
+                                        preset=args.preset, device=device, **saver_options)
+        decode_s = None
+        for chunk in iter_decode_video(vae, latents, device, cuda_graphs=cuda_graphs):
+            kept.append(chunk)
+            if saver is not None and stream:
+                saver.write(chunk)
+        if saver is not None and not stream:
+            sync(device)
+            decode_s = time.perf_counter() - t0
+            for chunk in kept:
+                saver.write(chunk)
+        if saver is not None:
+            saver.close()
+        sync(device)
+        wall = time.perf_counter() - t0
+    finally:
+        vae._decode_clip = timer
+    result = {"variant": name, "wall_s": round(wall, 3), "cuda_graphs": cuda_graphs,
+              "vae_gpu_s": None if cuda_graphs else round(timer.gpu_s(), 3),
+              "vae_launch_cpu_s": None if cuda_graphs else round(timer.cpu_s, 3),
+              "frames": sum(int(c.shape[0]) for c in kept), "checksum": checksum(kept)}
+    if device.type == "cuda":
+        result["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if decode_s is not None:
         result["decode_part_s"] = round(decode_s, 3)
     if saver is not None:
@@ -169,6 +182,11 @@ def main() -> None:
         "streamed_yuv_process_nice": dict(gpu_yuv=True, encoder="process", encoder_nice=args.nice),
         "streamed_yuv_process_threads": dict(gpu_yuv=True, encoder="process", threads=max(1, cores // 2)),
         "streamed_yuv_process_frame_threads": dict(gpu_yuv=True, encoder="process", thread_type="frame"),
+        # the clips replayed from a CUDA graph (the shipped default on CUDA since clip_graph.py)
+        "decode_alone_graphs": None,
+        "decode_then_save_graphs": dict(gpu_yuv=True, encoder="process"),
+        "streamed_yuv_process_graphs": dict(gpu_yuv=True, encoder="process"),
+        "streamed_yuv_process_frame_threads_graphs": dict(gpu_yuv=True, encoder="process", thread_type="frame"),
     }
     chosen = list(variants) if args.variants == "all" else args.variants.split(",")
     report = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -177,15 +195,17 @@ def main() -> None:
               "results": []}
     with tempfile.TemporaryDirectory() as out_dir:
         with torch.no_grad():
-            run_variant("warmup", vae, timer, latents, device, out_dir, (height, width), args,
-                        dict(gpu_yuv=True, encoder="process"))
+            for graphs in (False, True):
+                run_variant(f"warmup{'_graphs' if graphs else ''}", vae, timer, latents, device, out_dir, (height, width), args,
+                            dict(gpu_yuv=True, encoder="process"), cuda_graphs=graphs)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             for name in chosen:
                 options = variants[name]
                 result = run_variant(name, vae, timer, latents, device, out_dir, (height, width), args,
                                      None if options is None else dict(options),
-                                     stream=not name.startswith("decode_then"))
+                                     stream=not name.startswith("decode_then"),
+                                     cuda_graphs=name.endswith("_graphs"))
                 report["results"].append(result)
                 print(json.dumps(result), file=sys.stderr, flush=True)
             if args.profile:
@@ -203,6 +223,10 @@ def main() -> None:
         for r in report["results"]:
             r["vs_decode_alone"] = round(r["wall_s"] / base["wall_s"], 3)
             r["frames_equal"] = r["checksum"] == base["checksum"]
+    graphed = next((r for r in report["results"] if r["variant"] == "decode_alone_graphs"), None)
+    if graphed:
+        for r in report["results"]:
+            r["vs_decode_alone_graphs"] = round(r["wall_s"] / graphed["wall_s"], 3)
     print(json.dumps(report, indent=1))
 
 

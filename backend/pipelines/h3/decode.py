@@ -13,6 +13,7 @@ import torch
 from ...errors import Cancelled
 from ...media.stream_writer import HostFrameCollector
 from ...parallel.context import SINGLE, ParallelContext
+from .clip_graph import GraphedClipDecode, clip_decoder
 from .normalization import denormalize_latents
 from .stream_decode import StreamingVideoDecoder
 from .vae_clips import ClipAssembler, can_stream_decode, clip_input_latents, clip_schedule, clip_window, pad_tail, \
@@ -30,7 +31,8 @@ def _stopped(should_stop) -> bool:
 
 
 @torch.no_grad()
-def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE, should_stop=None):
+def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE, should_stop=None,
+                      cuda_graphs: bool | None = None):
     """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
     yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
 
@@ -44,31 +46,39 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
 
     `should_stop` is asked between clips (it is also a rank's progress mark for the liveness watchdog): Stop ends a
     long decode with Cancelled, on every rank at the same point.
+
+    `cuda_graphs` (None: on a CUDA device): each rank's clips after its first are replayed from a CUDA graph
+    (clip_graph.py: the decoder is launch-bound; same kernels, same bits), freed when the decode ends.
     """
     if not can_stream_decode(vae) or latents.shape[0] != 1:
         yield decode_video(vae, latents, device)
         return
-    if not parallel.is_parallel:
-        decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2])
-        # lazily, clip by clip: the consumer encodes a clip's frames while the next clip decodes
-        for chunk in decoder.iter_push(latents):
-            yield chunk
-            if _stopped(should_stop):
-                raise Cancelled("Stopped during the video decode.")
-        yield from decoder.iter_finish()
-        return
-    schedule = clip_schedule(vae, latents.shape[2])
-    z = pad_tail(clip_input_latents(vae, latents, device), schedule.pad_latents)
-    inputs = [clip_window(vae, z, i) for i in range(schedule.num_clips)]
-    assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames) if parallel.is_driver else None
-    for clip in _iter_clips_shared(vae, inputs, parallel, should_stop):
-        if assembler is not None:  # the other ranks only decode their clips; rank 0 assembles the video
-            yield from assembler.add(clip)
-    if assembler is not None:
-        yield from assembler.finish(schedule.pad_frames)
+    decode_clip = clip_decoder(vae, device, cuda_graphs)
+    try:
+        if not parallel.is_parallel:
+            decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2], decode_clip=decode_clip)
+            # lazily, clip by clip: the consumer encodes a clip's frames while the next clip decodes
+            for chunk in decoder.iter_push(latents):
+                yield chunk
+                if _stopped(should_stop):
+                    raise Cancelled("Stopped during the video decode.")
+            yield from decoder.iter_finish()
+            return
+        schedule = clip_schedule(vae, latents.shape[2])
+        z = pad_tail(clip_input_latents(vae, latents, device), schedule.pad_latents)
+        inputs = [clip_window(vae, z, i) for i in range(schedule.num_clips)]
+        assembler = ClipAssembler(vae, device, hold_frames=schedule.pad_frames) if parallel.is_driver else None
+        for clip in _iter_clips_shared(decode_clip, inputs, parallel, should_stop):
+            if assembler is not None:  # the other ranks only decode their clips; rank 0 assembles the video
+                yield from assembler.add(clip)
+        if assembler is not None:
+            yield from assembler.finish(schedule.pad_frames)
+    finally:
+        if isinstance(decode_clip, GraphedClipDecode):
+            decode_clip.release()
 
 
-def _iter_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContext, should_stop=None):
+def _iter_clips_shared(decode_clip, inputs: list[torch.Tensor], parallel: ParallelContext, should_stop=None):
     """Every rank decodes its own clips (clip i on rank i % world), a round of `world` clips at a time; after each
     round the round's clips are broadcast from their owners and yielded in order, so rank 0 hands a round's frames
     on while the next round decodes. Stop is agreed at the start of every round (all ranks stop there, or none)."""
@@ -78,7 +88,7 @@ def _iter_clips_shared(vae, inputs: list[torch.Tensor], parallel: ParallelContex
         round_ = range(first, min(len(inputs), first + world))
         if parallel.any(_stopped(should_stop)):
             raise Cancelled("Stopped during the video decode.")
-        mine = {i: vae._decode_clip(inputs[i]) for i in round_ if parallel.owns(i)}
+        mine = {i: decode_clip(inputs[i]) for i in round_ if parallel.owns(i)}
         for i in round_:
             owner, device = parallel.owner(i), inputs[i].device
             # shape (5 dims) + dtype code: a rank may own no clip of its own to read them from

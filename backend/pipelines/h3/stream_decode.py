@@ -28,10 +28,11 @@ class StreamingVideoDecoder:
     """push(latents [1, 24, t, h, w], normalised) -> uint8 chunks [t', H, W, 3] on `device` that are final;
     finish() -> the rest. All chunks concatenated equal decode.decode_video of all pushed latents, bit for bit.
     `total_latents`, when known up front, lets it hold back only the padded tail it will cut (else the most a tail
-    can be: (size - 1) * ratio frames)."""
+    can be: (size - 1) * ratio frames). `decode_clip`: what decodes one clip (default `vae._decode_clip`)."""
 
-    def __init__(self, vae, device, total_latents: int | None = None):
+    def __init__(self, vae, device, total_latents: int | None = None, decode_clip=None):
         self.vae, self.device = vae, device
+        self.decode_clip = decode_clip or vae._decode_clip  # [1, 24, t, h, w] -> one clip (clip_graph.py: graphed)
         self.streaming = can_stream_decode(vae)
         self.total = 0  # latents pushed so far
         self._z = None  # denormalised latents from global index self._base on
@@ -56,15 +57,15 @@ class StreamingVideoDecoder:
         if not self.streaming:
             return
         while (self._next_clip + 1) * self.size + self.look <= self.total:  # clip inputs complete and final
-            chunks = self._decode_clip(self._next_clip)
+            chunks = self._clip_frames(self._next_clip)
             self._next_clip += 1
             yield from chunks
         drop = self._next_clip * self.size - self._base
         if drop > 0:
             self._z, self._base = self._z[:, :, drop:].contiguous(), self._base + drop
 
-    def _decode_clip(self, i: int) -> list[torch.Tensor]:
-        return self._assembler.add(self.vae._decode_clip(clip_window(self.vae, self._z, i, self._base)))
+    def _clip_frames(self, i: int) -> list[torch.Tensor]:
+        return self._assembler.add(self.decode_clip(clip_window(self.vae, self._z, i, self._base)))
 
     def finish(self) -> list[torch.Tensor]:
         return list(self.iter_finish())
@@ -80,7 +81,7 @@ class StreamingVideoDecoder:
         schedule = clip_schedule(self.vae, self.total)
         self._z = pad_tail(self._z, schedule.pad_latents)
         for i in range(self._next_clip, schedule.num_clips):
-            yield from self._decode_clip(i)
+            yield from self._clip_frames(i)
         yield from self._assembler.finish(schedule.pad_frames)
         self._z = None
 

@@ -1,0 +1,81 @@
+"""The video VAE's clip decode replayed from a CUDA graph.
+
+The released decoder (a 36-layer ViT, spatially tiled) is launch-bound on the H200: ~40,000 kernel launches per
+clip, so its launch thread needs a whole host core, and an encoder running beside it (x264 on every core) slowed it
+by 1-1.5 s per 10-s decode (docs/BENCHMARKS.md, "Decode -> MP4"). Every clip of a decode has the same input shape
+(the tail is padded to a whole clip, vae_clips.clip_schedule), so one capture serves them all: the first clip runs
+eagerly (it also sets up cuBLAS/cuDNN), the second is captured, and every later clip is one `replay()`.
+
+The graph runs the kernels eager mode picked, so the output equals the eager decode bit for bit (tested on the GPU).
+A capture that fails (an op that syncs with the host, a VAE that is not capturable) falls back to eager for the rest
+of the decode with a warning; nothing is lost. The graph's memory pool holds one clip's activations, what the eager
+decode keeps cached anyway, and is given back by `release()` when the decode ends.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+
+
+class GraphedClipDecode:
+    """decode(z [1, C, t, h, w]) -> the clip decoder's output, replayed from a CUDA graph after the first call of a
+    shape. Each result is a fresh tensor (the graph's own output buffer is overwritten by the next replay)."""
+
+    def __init__(self, decode: Callable[[torch.Tensor], torch.Tensor]):
+        self.decode = decode
+        self.failed = False  # a capture failed: eager from then on
+        self.captures = 0
+        self.replays = 0
+        self._warm_key = None  # the shape run eagerly once, to capture at its next call
+        self._key = None
+        self._graph = self._input = self._output = None
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        if self.failed:
+            return self.decode(z)
+        key = (tuple(z.shape), z.dtype, z.device)
+        if key != self._key:
+            if key != self._warm_key:
+                self._warm_key = key
+                return self.decode(z)
+            if not self._capture(z, key):
+                return self.decode(z)
+        self._input.copy_(z)
+        self._graph.replay()
+        self.replays += 1
+        return self._output.clone()
+
+    def _capture(self, z: torch.Tensor, key) -> bool:
+        self.release()
+        graph = None
+        try:
+            graph, static_in = torch.cuda.CUDAGraph(), z.clone()
+            # thread_local: the saver's copy thread may use CUDA while this thread captures
+            with torch.no_grad(), torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                static_out = self.decode(static_in)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: eager is always correct
+            self.failed = True
+            del graph
+            if z.is_cuda:
+                torch.cuda.synchronize(z.device)
+            warnings.warn(f"The video VAE could not be captured in a CUDA graph ({type(exc).__name__}: {exc}); "
+                          f"decoding eagerly.", RuntimeWarning, stacklevel=3)
+            return False
+        self._graph, self._input, self._output, self._key = graph, static_in, static_out, key
+        self.captures += 1
+        return True
+
+    def release(self) -> None:
+        """Frees the graph and its memory pool (the next call of a shape runs eagerly and captures again)."""
+        self._graph = self._input = self._output = None
+        self._key = self._warm_key = None
+
+
+def clip_decoder(vae, device, cuda_graphs: bool | None = None):
+    """The clip decode a whole decode uses: `vae._decode_clip` replayed from a CUDA graph on a CUDA device (None:
+    there), else `vae._decode_clip` itself. Call `.release()` on a GraphedClipDecode when the decode ends."""
+    use = torch.device(device).type == "cuda" if cuda_graphs is None else cuda_graphs
+    return GraphedClipDecode(vae._decode_clip) if use else vae._decode_clip
