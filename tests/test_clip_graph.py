@@ -6,7 +6,6 @@ wrapper's contract: every result equals the eager decode of its own input, earli
 later replays, a new shape is captured again, and a failed capture falls back to eager. The GPU test checks the real
 graph bit for bit against the eager decode of the tiny VAE."""
 
-import contextlib
 import warnings
 
 import pytest
@@ -27,11 +26,11 @@ class FakeGraph:
             step()
 
 
-@contextlib.contextmanager
-def fake_capture(graph, capture_error_mode="global"):
+def fake_capture(fn, static_in):
+    graph = FakeGraph()
     FakeGraph.capturing = graph
     try:
-        yield
+        return graph, fn(static_in)
     finally:
         FakeGraph.capturing = None
 
@@ -47,8 +46,7 @@ def stand_in_decode(z):
 
 @pytest.fixture
 def fake_graphs(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", fake_capture)
+    monkeypatch.setattr(clip_graph, "capture_graph", fake_capture)
 
 
 def test_every_clip_equals_its_eager_decode_and_earlier_results_stay(fake_graphs):
@@ -72,14 +70,10 @@ def test_a_new_shape_runs_eagerly_once_then_is_captured_again(fake_graphs):
 
 
 def test_a_failed_capture_falls_back_to_eager_with_a_warning(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
-
-    @contextlib.contextmanager
-    def refusing(graph, capture_error_mode="global"):
+    def refusing(fn, static_in):
         raise RuntimeError("operation not permitted when stream is capturing")
-        yield
 
-    monkeypatch.setattr(torch.cuda, "graph", refusing)
+    monkeypatch.setattr(clip_graph, "capture_graph", refusing)
     decode = GraphedClipDecode(stand_in_decode)
     z = torch.randn(1, 3, 5, 4, 6)
     assert torch.equal(decode(z), stand_in_decode(z))
