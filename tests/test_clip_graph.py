@@ -85,24 +85,29 @@ def test_a_failed_capture_falls_back_to_eager_with_a_warning(monkeypatch):
     assert decode.failed and decode.captures == 0
 
 
-def test_clip_decoder_graphs_cuda_devices_only(tiny_h3_dir):
+def test_clip_decoder_graphs_on_request_and_on_cuda_devices_only(tiny_h3_dir):
     from diffusers import AutoencoderKLMiniMaxH3
 
     vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
-    assert clip_decoder(vae, "cpu") == vae._decode_clip
-    assert isinstance(clip_decoder(vae, "cuda:0"), GraphedClipDecode)
-    assert clip_decoder(vae, "cuda:0", cuda_graphs=False) == vae._decode_clip
+    assert clip_decoder(vae, "cpu", cuda_graphs=True) == vae._decode_clip
+    assert isinstance(clip_decoder(vae, "cuda:0", cuda_graphs=True), GraphedClipDecode)
+    assert clip_decoder(vae, "cuda:0") == vae._decode_clip  # off by default: a decode to host is faster eager
 
 
 def test_the_decode_uses_the_graphed_clips_and_frees_them(tiny_h3_dir, fake_graphs, monkeypatch):
-    """iter_decode_video with graphs on: the stand-in graph replays the real tiny VAE's clips (the decode is rerun
-    on the captured input), the frames equal the whole decode bit for bit, and the graph is released at the end."""
+    """iter_decode_video with graphs on (forced on the CPU here: the stand-in graph replays the real tiny VAE's clips
+    by rerunning the decode on the captured input): the frames equal the whole decode bit for bit, and the graph is
+    released at the end."""
     from diffusers import AutoencoderKLMiniMaxH3
 
+    from comfyui_h3.backend.pipelines.h3 import decode as decode_module
     from comfyui_h3.backend.pipelines.h3.decode import decode_video, iter_decode_video
 
     vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
     inner = vae._decode_clip
+    monkeypatch.setattr(decode_module, "clip_decoder",  # graphs on the CPU: the stand-in's
+                        lambda vae, device, cuda_graphs: GraphedClipDecode(vae._decode_clip) if cuda_graphs
+                        else vae._decode_clip)
 
     def recordable(z):  # the real clip decode, recorded as a graph records it
         if FakeGraph.capturing is None:
@@ -135,5 +140,5 @@ def test_cuda_graph_decode_equals_eager_bit_for_bit(tiny_h3_dir):
         z = torch.randn(1, vae.config.latent_channels, latent_frames, 4, 6,
                         generator=torch.Generator().manual_seed(latent_frames)).cuda()
         eager = torch.cat(list(iter_decode_video(vae, z, "cuda", cuda_graphs=False)))
-        graphed = torch.cat(list(iter_decode_video(vae, z, "cuda")))  # the default on CUDA
+        graphed = torch.cat(list(iter_decode_video(vae, z, "cuda", cuda_graphs=True)))
         assert torch.equal(graphed, eager)

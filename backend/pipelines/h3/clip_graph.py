@@ -1,15 +1,19 @@
-"""The video VAE's clip decode replayed from a CUDA graph.
+"""The video VAE's clip decode replayed from a CUDA graph, for a decode that streams into a CPU encoder.
 
 The released decoder (a 36-layer ViT, spatially tiled) is launch-bound on the H200: ~40,000 kernel launches per
-clip, so its launch thread needs a whole host core, and an encoder running beside it (x264 on every core) slowed it
-by 1-1.5 s per 10-s decode (docs/BENCHMARKS.md, "Decode -> MP4"). Every clip of a decode has the same input shape
-(the tail is padded to a whole clip, vae_clips.clip_schedule), so one capture serves them all: the first clip runs
-eagerly (it also sets up cuBLAS/cuDNN), the second is captured, and every later clip is one `replay()`.
+clip, so its launch thread needs a whole host core, and x264 running beside it on every core slows it down
+(docs/BENCHMARKS.md, "Decode -> MP4"). Every clip of a decode has the same input shape (the tail is padded to a whole
+clip, vae_clips.clip_schedule), so one capture serves them all: the first clip runs eagerly (it also sets up
+cuBLAS/cuDNN), the second is captured, and every later clip is one `replay()`.
+
+When it pays (H200, released-size VAE, bf16): streamed into the MP4 at 10 s it took 13.78 s vs 14.02 s eager; a
+decode to host memory with nothing beside it is faster eager (the capture and instantiation cost ~1 s that a
+few dozen replays do not win back: 7.81 vs 6.88 s at 5 s), so it is opt-in (`cuda_graphs=True`).
 
 The graph runs the kernels eager mode picked, so the output equals the eager decode bit for bit (tested on the GPU).
 A capture that fails (an op that syncs with the host, a VAE that is not capturable) falls back to eager for the rest
-of the decode with a warning; nothing is lost. The graph's memory pool holds one clip's activations, what the eager
-decode keeps cached anyway, and is given back by `release()` when the decode ends.
+of the decode with a warning; nothing is lost. The graph's private memory pool holds one clip's activations until
+`release()`.
 """
 
 from __future__ import annotations
@@ -88,8 +92,8 @@ def capture_graph(fn, static_in: torch.Tensor):
     return graph, static_out
 
 
-def clip_decoder(vae, device, cuda_graphs: bool | None = None):
-    """The clip decode a whole decode uses: `vae._decode_clip` replayed from a CUDA graph on a CUDA device (None:
-    there), else `vae._decode_clip` itself. Call `.release()` on a GraphedClipDecode when the decode ends."""
-    use = torch.device(device).type == "cuda" if cuda_graphs is None else cuda_graphs
+def clip_decoder(vae, device, cuda_graphs: bool = False):
+    """What decodes one clip: `vae._decode_clip` replayed from a CUDA graph when `cuda_graphs` and `device` is a CUDA
+    device, else `vae._decode_clip` itself. Call `.release()` on a GraphedClipDecode when the decode ends."""
+    use = cuda_graphs and torch.device(device).type == "cuda"
     return GraphedClipDecode(vae._decode_clip) if use else vae._decode_clip

@@ -32,7 +32,7 @@ def _stopped(should_stop) -> bool:
 
 @torch.no_grad()
 def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE, should_stop=None,
-                      cuda_graphs: bool | None = None):
+                      cuda_graphs: bool = False):
     """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
     yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
 
@@ -47,8 +47,8 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
     `should_stop` is asked between clips (it is also a rank's progress mark for the liveness watchdog): Stop ends a
     long decode with Cancelled, on every rank at the same point.
 
-    `cuda_graphs` (None: on a CUDA device): each rank's clips after its first are replayed from a CUDA graph
-    (clip_graph.py: the decoder is launch-bound; same kernels, same bits), freed when the decode ends.
+    `cuda_graphs` (CUDA devices): each rank's clips after its first are replayed from a CUDA graph (clip_graph.py:
+    same kernels, same bits; worth it when a CPU encoder runs beside the decode), freed when the decode ends.
     """
     if not can_stream_decode(vae) or latents.shape[0] != 1:
         yield decode_video(vae, latents, device)
