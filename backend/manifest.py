@@ -37,6 +37,8 @@ def new_manifest() -> dict:
         "schema": SCHEMA,
         "request": {"kind": None, "family": None, "task": None, "shapes": {}, "seed": None, "steps": None},
         "engine": {"family": None, "devices": [], "sp_degree": None, "attention": None, "compute_dtype": None,
+                   "vae_dtype": None,  # as the VAE ran, where a family reports it (SeedVR2: float32 on a CPU
+                   # without native bf16 when bf16 was asked for)
                    "weights": {}, "executor": None, "load_s": None},
         "stages": {key: ([] if key == "denoise_steps_s" else None) for key in STAGE_KEYS},
         "extra_stages": {},  # a family's own stage seconds (SeedVR2: prepare / encode / dit / decode / colour fix)

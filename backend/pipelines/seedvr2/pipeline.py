@@ -138,6 +138,7 @@ class SeedVR2Pipeline:
                           seed=req.seed, steps=1, timings=stage_timings)
         m["extra_stages"] = {k: v for k, v in timings.items() if k.endswith("_s") and k not in ("total_s", "decode_s")}
         m["extra_stages"]["batch_s"] = list(batch_s)
+        m["engine"]["vae_dtype"] = str(self.c.vae_dtype).removeprefix("torch.")
         return m
 
     @staticmethod
