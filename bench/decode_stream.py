@@ -182,7 +182,7 @@ def main() -> None:
         "streamed_yuv_process_nice": dict(gpu_yuv=True, encoder="process", encoder_nice=args.nice),
         "streamed_yuv_process_threads": dict(gpu_yuv=True, encoder="process", threads=max(1, cores // 2)),
         "streamed_yuv_process_frame_threads": dict(gpu_yuv=True, encoder="process", thread_type="frame"),
-        # the clips replayed from a CUDA graph (the shipped default on CUDA since clip_graph.py)
+        # the clips replayed from a CUDA graph (clip_graph.py; opt-in: iter_decode_video(cuda_graphs=True))
         "decode_alone_graphs": None,
         "decode_then_save_graphs": dict(gpu_yuv=True, encoder="process"),
         "streamed_yuv_process_graphs": dict(gpu_yuv=True, encoder="process"),
@@ -195,8 +195,8 @@ def main() -> None:
               "results": []}
     with tempfile.TemporaryDirectory() as out_dir:
         with torch.no_grad():
-            for graphs in (False, True):
-                run_variant(f"warmup{'_graphs' if graphs else ''}", vae, timer, latents, device, out_dir, (height, width), args,
+            for name, graphs in (("warmup", False), ("warmup_graphs", True)):
+                run_variant(name, vae, timer, latents, device, out_dir, (height, width), args,
                             dict(gpu_yuv=True, encoder="process"), cuda_graphs=graphs)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)

@@ -8,7 +8,8 @@ cuBLAS/cuDNN), the second is captured, and every later clip is one `replay()`.
 
 When it pays (H200, released-size VAE, bf16): streamed into the MP4 at 10 s it took 13.78 s vs 14.02 s eager; a
 decode to host memory with nothing beside it is faster eager (the capture and instantiation cost ~1 s that a
-few dozen replays do not win back: 7.81 vs 6.88 s at 5 s), so it is opt-in (`cuda_graphs=True`).
+few replays do not win back: 7.81 s graphed vs 6.88 s eager at 5 s, runs of two sessions), so it is opt-in
+(`cuda_graphs=True`).
 
 The graph runs the kernels eager mode picked, so the output equals the eager decode bit for bit (tested on the GPU).
 A capture that fails (an op that syncs with the host, a VAE that is not capturable) falls back to eager for the rest
