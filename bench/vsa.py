@@ -7,10 +7,12 @@ error vs dense when every tile is selected. Default shape: 10 s at 1344x768 (73,
     python bench/vsa.py [--seconds 5 10 15] [--topk 0.1] [--iters 5] [--compile] [--fp8] [--skip-diffusers]
                         [--steps 50 --dense-first 0.25 --layers 50] [--json OUT.json]
     python bench/vsa.py --tiny     # every part on the CPU with a tiny config (torch fallback; tested)
-    python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d]
-                        [--selection random local]
-        the Triton kernel alone at each shape: the pointer kernel and the TMA-descriptor variant (rows / 4-D views)
-        for num_warps 4, 8 x num_stages 2-5, each vs the pointer kernel's default output, on
+    python bench/vsa.py --kernel-only [--seconds 10] [--iters 3] [--kernels pointer tma tma-4d ...]
+                        [--selection random local] [--warps 4 8] [--stages 2 3 4 5]
+        the tile selection's parts (pooling, scores, top-k in torch and in Triton) on random q / k, then the Triton
+        kernel alone at each shape: the pointer kernel and the TMA-descriptor variants (rows / 4-D views; two key
+        blocks per iteration, look-ahead scores, conditional rescale: KERNEL_VARIANTS)
+        for --warps x --stages, each vs the pointer kernel's default output, on
         views of a fused QKV buffer (the DiT's layout); one "kernel" line per launch setting, a launch error reported
         and the next setting run. With --tiny: on the CPU under TRITON_INTERPRET=1 (one setting each; tested)
     python bench/vsa.py --quality MODEL_DIR|tiny|full [--steps 50] [--seconds 5] [--size 1344x768]
@@ -141,8 +143,14 @@ def quality(args) -> None:
 #: --kernel-only's launch variants: KERNEL_CONFIG overrides (vsa_kernel.py) beside num_warps / num_stages. From
 #: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
 #: from 5 (the pointer kernel: num_stages buffers).
-KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(tma=True, tma_view="rows"),
-                   "tma-4d": dict(tma=True, tma_view="4d")}
+#: "-pairs": two key blocks per iteration; "-ahead": the next block's scores issued before this block's softmax;
+#: "-lazy": the conditional rescale (vsa_kernel_tma.py).
+_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False)
+KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(_TMA, tma_view="rows"),
+                   "tma-4d": dict(_TMA, tma_view="4d"), "tma-4d-pairs": dict(_TMA, tma_view="4d", tma_pairs=2),
+                   "tma-4d-ahead": dict(_TMA, tma_view="4d", tma_lookahead=True),
+                   "tma-4d-lazy": dict(_TMA, tma_view="4d", tma_lazy=True),
+                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True)}
 
 
 def kernel_only(args) -> None:
@@ -165,7 +173,7 @@ def kernel_only(args) -> None:
     if not runnable:
         emit("kernel", skipped="needs a CUDA GPU and triton, or TRITON_INTERPRET=1 on the CPU")
         return
-    settings = [(4, 3)] if tiny else list(itertools.product((4, 8), (2, 3, 4, 5)))
+    settings = [(4, 3)] if tiny else list(itertools.product(args.warps, args.stages))
     for seconds in args.seconds:
         for selection in args.selection:
             kernel_shape(args, cfg, seconds, dev, dtype, settings, selection)
@@ -205,6 +213,8 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings, selection: str
          topk_tiles=plan.topk,
          edge_tiles=int((plan.tile_sizes < 64).sum()), layout="fused_qkv_views",
          tma_views={view: tma_view(q, k, v, out, view) for view in ("rows", "4d")})
+    if selection == "random":
+        select_parts(q, k, plan, timed, args.iters)
     for name in args.kernels:
         variant = KERNEL_VARIANTS[name]
         if variant["tma"] and tma_view(q, k, v, out, variant["tma_view"]) is None:
@@ -224,6 +234,28 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings, selection: str
             emit("kernel", seconds=seconds, selection=selection, kernel=name, num_warps=warps, num_stages=stages,
                  kernel_ms=ms,
                  tflops=4 * hd * video_pairs / ms / 1e9, rel_vs_pointer=rel(out[:, p:], want[:, p:]))
+
+
+def select_parts(q, k, plan, timed, iters: int) -> dict:
+    """A "select" line: select_tiles (vsa_kernel.py) and its parts on these q / k -- mean pooling of q and k, the
+    block scores, the top-k as torch.topk + sort and as the Triton pass (vsa_topk.py) -- and whether both top-k
+    paths choose the same tiles."""
+    from comfyui_h3.backend.attention.vsa_kernel import pooled
+    from comfyui_h3.backend.attention.vsa_topk import topk_ascending, topk_ascending_torch, triton_topk_supported
+
+    p, sizes, kk = plan.num_prefix, plan.tile_sizes, plan.topk
+    qp, kp = pooled(q, p, sizes), pooled(k, p, sizes)
+    scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
+    part = {"pool_q_and_k_ms": timed(lambda: (pooled(q, p, sizes), pooled(k, p, sizes)), iters)[0],
+            "scores_ms": timed(lambda: qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5, iters)[0],
+            "topk_sort_torch_ms": timed(lambda: topk_ascending_torch(scores, kk), iters)[0]}
+    if triton_topk_supported(scores, kk) or scores.device.type == "cpu":
+        use = None if scores.is_cuda else True  # the CPU: through Triton's interpreter (a dry run)
+        part["topk_triton_ms"] = timed(lambda: topk_ascending(scores, kk, use_triton=use), iters)[0]
+        part["topk_same_tiles"] = bool(torch.equal(topk_ascending(scores, kk, use_triton=use),
+                                                   topk_ascending_torch(scores, kk)))
+    part["select_tiles_ms"] = timed(lambda: select_tiles(q, k, p, sizes, kk, out_dtype=torch.int32), iters)[0]
+    return emit("select", **part)
 
 
 def random_block(cfg, dev, dtype):
@@ -271,6 +303,8 @@ def main() -> None:
     ap.add_argument("--kernel-only", action="store_true", help="only the Triton kernel's launch variants and settings")
     ap.add_argument("--kernels", nargs="+", default=list(KERNEL_VARIANTS), choices=list(KERNEL_VARIANTS),
                     help="--kernel-only: the variants to time")
+    ap.add_argument("--warps", type=int, nargs="+", default=[4, 8], help="--kernel-only: num_warps to time")
+    ap.add_argument("--stages", type=int, nargs="+", default=[2, 3, 4, 5], help="--kernel-only: num_stages to time")
     ap.add_argument("--selection", nargs="+", default=["random"], choices=["random", "local"],
                     help="--kernel-only: key tiles chosen by the rule on random q / k, or each tile's nearest "
                          "(local_selection: a trained model's locality at its most)")

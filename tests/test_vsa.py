@@ -229,6 +229,44 @@ def test_tma_kernel_interpreted_matches_the_rule():
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
 
 
+_INTERPRETED_LOOPS = textwrap.dedent("""
+    import torch
+    from comfyui_h3.backend.attention.vsa_kernel import reference, triton_video_attention
+    from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
+    forms = [dict(tma_pairs=2), dict(tma_lookahead=True), dict(tma_lazy=True),
+             dict(tma_lookahead=True, tma_lazy=True)]
+    # an odd number of key blocks (a pair's empty second half), none before the tiles, a one-tile selection
+    for (num_prefix, grid), topk in [((70, (5, 6, 7)), 3), ((0, (4, 4, 4)), 2), ((130, (3, 9, 4)), 4),
+                                     ((64, (4, 4, 8)), 1)]:
+        torch.manual_seed(num_prefix)
+        _, sizes = tile_order(grid)
+        s = num_prefix + int(sizes.sum())
+        plan = VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=topk))
+        q, k, v = torch.randn(1, s, 3, 2, 16).to(torch.float16).unbind(2)
+        q = q * 6  # sharp softmax: the running max moves by more than 2^8 within a row (the lazy rescale's branch)
+        want, sel = reference(q, k, v, num_prefix, sizes, plan.topk)
+        starts, sizes_t, _ = plan.tables("cpu")
+        for form in forms:
+            out = torch.full(q.shape, float("nan"))
+            triton_video_attention(q, k, v, num_prefix, starts, sizes_t, sel.to(torch.int32), out, tma=True,
+                                   tma_view="4d", **form)
+            err = float((out[:, num_prefix:].double() - want[:, num_prefix:]).norm() / want[:, num_prefix:].norm())
+            print(num_prefix, grid, topk, form, err)
+            assert err <= 2e-3, (form, err)
+    print("ok")
+""")
+
+
+@pytest.mark.skipif(triton is None, reason="triton is not installed: the Triton kernel cannot be interpreted")
+def test_tma_kernel_loop_forms_interpreted_match_the_rule():
+    """The TMA kernel's other key loops (two blocks per iteration, look-ahead scores, conditional rescale) through
+    Triton's interpreter, float32 output vs the float64 rule; bf16 on the GPU test below."""
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    run = subprocess.run([sys.executable, "-c", _INTERPRETED_LOOPS], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
 def test_tma_fallback_rule(monkeypatch):
     """tma_view: which descriptor view the TMA kernel takes, or None (the pointer kernel runs). On the CPU only under
     Triton's interpreter, so the rule's tensor checks are exercised with the interpreter flag forced on."""
@@ -261,16 +299,21 @@ def test_tma_fallback_rule(monkeypatch):
                     reason="needs a CUDA GPU and triton: the bf16 Triton kernel runs only there (CPU: interpreted "
                            "fp16 test above, fallback tests)")
 @pytest.mark.parametrize("num_prefix,grid", SHAPES + [(1000, (12, 16, 20))])
-@pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4)])
+@pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4), ("tma-pairs", 5),
+                                         ("tma-ahead", 4), ("tma-lazy", 5), ("tma-ahead-lazy", 4)])
 def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, kernel, topk, monkeypatch):
     """Both launch variants: the pointer kernel (one or two selected tiles per key block) and the TMA-descriptor one
-    (rows view, 4-D view) on views of a fused QKV buffer, as the DiT passes them."""
+    (rows view, 4-D view; two key blocks per iteration, look-ahead scores, conditional rescale) on views of a fused
+    QKV buffer, as the DiT passes them."""
     from comfyui_h3.backend.attention import vsa_kernel
     from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
 
     config = {"pairs1": dict(pairs=1, tma=False), "pairs2": dict(pairs=2, tma=False),
               "tma": dict(tma=True, tma_view="rows"),
-              "tma-4d": dict(tma=True, tma_view="4d")}[kernel]
+              "tma-4d": dict(tma=True, tma_view="4d"), "tma-pairs": dict(tma=True, tma_view="4d", tma_pairs=2),
+              "tma-ahead": dict(tma=True, tma_view="4d", tma_lookahead=True),
+              "tma-lazy": dict(tma=True, tma_view="4d", tma_lazy=True),
+              "tma-ahead-lazy": dict(tma=True, tma_view="4d", tma_lookahead=True, tma_lazy=True)}[kernel]
     if config.get("tma") and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the TMA kernel needs compute capability >= 9 (Hopper); this GPU runs the pointer kernel")
     for key, value in config.items():
@@ -423,20 +466,29 @@ def test_bench_dry_run():
 
 @pytest.mark.skipif(triton is None, reason="triton is not installed: the kernels cannot be interpreted")
 def test_bench_kernel_only_dry_run():
-    """bench/vsa.py --kernel-only --tiny: the H200 kernel comparison's script path (every variant timed, its error vs
-    the pointer kernel) on the CPU through Triton's interpreter."""
+    """bench/vsa.py --kernel-only --tiny: the H200 kernel comparison's script path (the selection's parts, every
+    variant timed with its error vs the pointer kernel) on the CPU through Triton's interpreter."""
     import json
+
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    from vsa import KERNEL_VARIANTS
 
     done = subprocess.run([sys.executable, os.path.join(REPO, "bench", "vsa.py"), "--kernel-only", "--tiny",
                            "--seconds", "5", "--iters", "1", "--selection", "random", "local"], capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", TRITON_INTERPRET="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     parts = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [p["part"] for p in parts] == ["env"] + (["plan"] + ["kernel"] * 3) * 2 and parts[0]["interpreted"]
+    n = len(KERNEL_VARIANTS)
+    # the selection's parts are timed on the random selection only
+    assert [p["part"] for p in parts] == ["env", "plan", "select"] + ["kernel"] * n + ["plan"] + ["kernel"] * n
+    assert parts[0]["interpreted"]
     assert [p["selection"] for p in parts if p["part"] == "plan"] == ["random", "local"]
     assert parts[1]["tma_views"] == {"rows": "rows", "4d": "4d"} and parts[1]["edge_tiles"] > 0
-    assert [p["kernel"] for p in parts[2:5]] == ["pointer", "tma", "tma-4d"]
-    for line in parts[2:5] + parts[6:]:
+    select = parts[2]
+    assert select["topk_same_tiles"] is True and select["select_tiles_ms"] > 0 and select["topk_triton_ms"] > 0
+    kernels = [p for p in parts if p["part"] == "kernel"]
+    assert [p["kernel"] for p in kernels[:n]] == list(KERNEL_VARIANTS)
+    for line in kernels:
         assert line["kernel_ms"] > 0 and line["rel_vs_pointer"] < 1e-3, line  # nan (rows left unwritten) fails
 
 

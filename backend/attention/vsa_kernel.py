@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import vsa_kernel_tma
+from .vsa_topk import topk_ascending
 from .vsa_softmax import tl, triton, triton_supported  # noqa: F401 - triton_supported re-exported
 
 
@@ -44,12 +45,13 @@ def pooled(x: torch.Tensor, num_prefix: int, tile_sizes: torch.Tensor, dtype=tor
 
 
 def select_tiles(q: torch.Tensor, k: torch.Tensor, num_prefix: int, tile_sizes: torch.Tensor, topk: int,
-                 dtype=torch.float32) -> torch.Tensor:
-    """The top-k video tiles of each video query tile: [B, H, T, k] long, ascending."""
+                 dtype=torch.float32, out_dtype=torch.long) -> torch.Tensor:
+    """The top-k video tiles of each video query tile: [B, H, T, k] `out_dtype`, ascending (vsa_topk.py: one Triton
+    pass on CUDA float32 scores, torch.topk + sort elsewhere)."""
     qp = pooled(q, num_prefix, tile_sizes, dtype)
     kp = pooled(k, num_prefix, tile_sizes, dtype)
     scores = qp @ kp.transpose(-1, -2) * q.shape[-1] ** -0.5
-    return torch.topk(scores, topk, dim=-1).indices.sort(dim=-1).values
+    return topk_ascending(scores, topk, out_dtype)
 
 
 def add_coarse_(out, q, k, v, gate, block_sizes: torch.Tensor, chunk_blocks: int = 256) -> torch.Tensor:
@@ -212,7 +214,8 @@ if triton is not None:
 #: "4d"; "tma_stages": its num_stages. Measured on the H200 at the 10-s shape (bench/vsa.py --kernel-only, 4 warps):
 #: TMA, 4-D view, 5 stages 44.6 ms (389 TFLOP/s on the attended blocks) vs this kernel's 55.5 ms on random
 #: selections; 43.3 vs 55.5 ms on local ones; 8 warps >= 74 ms for both.
-KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": True, "tma_view": "auto", "tma_stages": 5}
+KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": True, "tma_view": "auto", "tma_stages": 5,
+                 "tma_pairs": 1, "tma_lookahead": False, "tma_lazy": False}
 
 
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
@@ -231,7 +234,9 @@ def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes
         view = vsa_kernel_tma.tma_view(q, k, v, out, settings["tma_view"])
         if view is not None:
             return vsa_kernel_tma.launch_tma(q, k, v, out, num_prefix, starts, sizes, sel, pv_fp16, view,
-                                             int(settings["num_warps"]), int(settings["tma_stages"]))
+                                             int(settings["num_warps"]), int(settings["tma_stages"]),
+                                             int(settings["tma_pairs"]), bool(settings["tma_lookahead"]),
+                                             bool(settings["tma_lazy"]))
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
@@ -246,9 +251,9 @@ def sparse_attention(q, k, v, plan, dense, use_triton: bool | None = None) -> to
     queries through the Triton kernel (CUDA) or the torch fallback."""
     p = plan.num_prefix
     starts, sizes, tile_of = plan.tables(q.device)
-    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk)
     if use_triton is None:
         use_triton = q.is_cuda and triton_supported(q)
+    sel = select_tiles(q, k, p, plan.tile_sizes, plan.topk, out_dtype=torch.int32 if use_triton else torch.long)
     if use_triton:
         out = triton_video_attention(q, k, v, p, starts, sizes, sel)
     else:

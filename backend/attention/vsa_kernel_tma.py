@@ -115,7 +115,7 @@ def _descriptor(x: torch.Tensor, view: str) -> TensorDescriptor:
 if triton is not None:
     import triton.language as tl
 
-    from .vsa_softmax import _online_softmax_step
+    from .vsa_softmax import _online_softmax_scores, _online_softmax_scores_lazy, _online_softmax_step, _online_softmax_step2
 
     @triton.jit
     def _tile_rows(desc, b, row, h, S, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_VIEW: tl.constexpr):
@@ -127,11 +127,29 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE: tl.constexpr):
+        # Key block i of a video query tile: the prefix's 64-row blocks, then its selected tiles; from n_blocks on,
+        # an empty block (length 0) at row 0, for the second half of a last pair or a pipelined loop's look-ahead.
+        in_prefix = i < n_prefix
+        kt = tl.load(sel_base + tl.minimum(tl.maximum(i - n_prefix, 0), NSEL - 1))  # always in bounds
+        start = tl.where(in_prefix, i * TILE, tl.load(starts + kt))
+        length = tl.where(in_prefix, P - i * TILE, tl.load(sizes + kt))  # prefix: >= the block's last row
+        live = i < n_blocks
+        return tl.where(live, start, 0), tl.where(live, length, 0)
+
+    @triton.jit
     def _vsa_video_fwd_tma(q_desc, k_desc, v_desc, o_desc, O, starts, sizes, sel, S, P, H, T, NSEL, qk_scale,
                            sob, sos, soh, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, ROWS_VIEW: tl.constexpr,
-                           PV_FP16: tl.constexpr):
+                           PV_FP16: tl.constexpr, PAIRS: tl.constexpr, LOOKAHEAD: tl.constexpr,
+                           LAZY: tl.constexpr):
         # One program per (video query tile, batch * head), as _vsa_video_fwd. One key loop over the prefix blocks
-        # and then the selected tiles (one loop for the pipeliner to schedule).
+        # and then the selected tiles (one loop for the pipeliner to schedule), in one of three forms:
+        # PAIRS == 2: two key blocks per iteration (_online_softmax_step2);
+        # LOOKAHEAD: the next block's scores q . k^T are issued before this block's softmax, so the tensor cores
+        # can run them while the softmax does (loop-carried, FlashAttention-3's intra-warpgroup overlap written
+        # out; one spare score block at the end);
+        # else one block per iteration. LAZY (one block per iteration, with or without LOOKAHEAD): the conditional
+        # rescale of _online_softmax_scores_lazy.
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -145,15 +163,42 @@ if triton is not None:
         acc = tl.zeros((TILE, HEAD_DIM), tl.float32)
         cols = tl.arange(0, TILE)
         n_prefix = tl.cdiv(P, TILE)
+        n_blocks = n_prefix + NSEL
         sel_base = sel + (bh * T + tile) * NSEL
-        for i in tl.range(0, n_prefix + NSEL):
-            in_prefix = i < n_prefix
-            kt = tl.load(sel_base + tl.maximum(i - n_prefix, 0))  # always in bounds; unused in the prefix
-            start = tl.where(in_prefix, i * TILE, tl.load(starts + kt))
-            length = tl.where(in_prefix, P - i * TILE, tl.load(sizes + kt))  # prefix: >= the block's last row
-            kk = _tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
-            vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
-            acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale, PV_FP16)
+        if PAIRS == 2:
+            for i in tl.range(0, n_blocks, 2):
+                start0, length0 = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+                start1, length1 = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+                k0 = _tile_rows(k_desc, b, start0, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                v0 = _tile_rows(v_desc, b, start0, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                k1 = _tile_rows(k_desc, b, start1, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                v1 = _tile_rows(v_desc, b, start1, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                acc, m_i, l_i = _online_softmax_step2(q, k0, v0, cols < length0, k1, v1, cols < length1, acc, m_i,
+                                                      l_i, qk_scale, PV_FP16)
+        elif LOOKAHEAD:
+            start, length = _key_block(0, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+            s = tl.dot(q, tl.trans(_tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)))
+            for i in tl.range(0, n_blocks):
+                vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                start_n, length_n = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+                s_n = tl.dot(q, tl.trans(_tile_rows(k_desc, b, start_n, h, S, TILE, HEAD_DIM, ROWS_VIEW)))
+                if LAZY:
+                    acc, m_i, l_i = _online_softmax_scores_lazy(s, vv, cols < length, acc, m_i, l_i, qk_scale,
+                                                                PV_FP16)
+                else:
+                    acc, m_i, l_i = _online_softmax_scores(s, vv, cols < length, acc, m_i, l_i, qk_scale, PV_FP16)
+                s, start, length = s_n, start_n, length_n
+        else:
+            for i in tl.range(0, n_blocks):
+                start, length = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+                kk = _tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
+                if LAZY:
+                    acc, m_i, l_i = _online_softmax_scores_lazy(tl.dot(q, tl.trans(kk)), vv, cols < length, acc,
+                                                                m_i, l_i, qk_scale, PV_FP16)
+                else:
+                    acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale,
+                                                         PV_FP16)
         out = (acc / l_i[:, None]).to(o_desc.dtype)
         # A TMA store writes the whole box: only a full tile's; an edge tile stores through masked pointers.
         if q_len == TILE:
@@ -169,13 +214,18 @@ if triton is not None:
 
 
 def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool, view: str, num_warps: int,
-               num_stages: int) -> torch.Tensor:
-    """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]); returns out."""
+               num_stages: int, pairs: int = 1, lookahead: bool = False, lazy: bool = False) -> torch.Tensor:
+    """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]; `pairs` 1 or 2
+    key blocks per iteration; for pairs 1, `lookahead` the next block's scores first and `lazy` the conditional
+    rescale); returns out."""
+    if pairs not in (1, 2):
+        raise ValueError(f"VSA TMA kernel: pairs must be 1 or 2, got {pairs!r}")
     b, s, h, d = q.shape
     t, nsel = sel.shape[2], sel.shape[3]
     descs = [_descriptor(x, view) for x in (q, k, v, out)]
     _vsa_video_fwd_tma[(t, b * h)](*descs, out, starts, sizes, sel, s, num_prefix, h, t, nsel,
                                    d ** -0.5 * math.log2(math.e), out.stride(0), out.stride(1), out.stride(2),
                                    HEAD_DIM=d, TILE=TILE, ROWS_VIEW=view == "rows", PV_FP16=bool(pv_fp16),
-                                   num_warps=num_warps, num_stages=num_stages)
+                                   PAIRS=int(pairs), LOOKAHEAD=bool(lookahead) and pairs == 1,
+                                   LAZY=bool(lazy) and pairs == 1, num_warps=num_warps, num_stages=num_stages)
     return out
