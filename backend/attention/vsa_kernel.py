@@ -3,7 +3,8 @@ and the torch fallback that runs the same rule where Triton or a GPU is absent.
 
 The rule, per (batch, head), with P prefix rows first and T video tiles after them:
 - block scores: mean-pooled Q of each video tile . mean-pooled K of each video tile * d^-1/2 (pooled over the tile's
-  true rows); each video query tile keeps its top-k video tiles (ties: torch.topk's choice), sorted ascending;
+  true rows); each video query tile keeps its top-k video tiles (ties: the lowest tiles in the Triton selection,
+  vsa_topk.py; torch.topk's choice elsewhere), sorted ascending;
 - prefix queries attend every row (dense); video queries attend every prefix row and the rows of their k tiles;
 - exact softmax attention over the attended rows.
 The Triton kernel runs one program per (video query tile, batch * head): a 64-row query tile (edge tiles masked),

@@ -115,7 +115,8 @@ def _descriptor(x: torch.Tensor, view: str) -> TensorDescriptor:
 if triton is not None:
     import triton.language as tl
 
-    from .vsa_softmax import _online_softmax_scores, _online_softmax_scores_lazy, _online_softmax_step, _online_softmax_step2
+    from .vsa_softmax import (_online_softmax_scores, _online_softmax_scores_lazy, _online_softmax_step,
+                              _online_softmax_step2)
 
     @triton.jit
     def _tile_rows(desc, b, row, h, S, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_VIEW: tl.constexpr):
