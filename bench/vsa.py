@@ -144,13 +144,15 @@ def quality(args) -> None:
 #: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
 #: from 5 (the pointer kernel: num_stages buffers).
 #: "-pairs": two key blocks per iteration; "-ahead": the next block's scores issued before this block's softmax;
-#: "-lazy": the conditional rescale (vsa_kernel_tma.py).
-_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False)
+#: "-lazy": the conditional rescale; "-packed": each selected tile's first row and length in one int32 (its gather
+#: on the host inside the timing) (vsa_kernel_tma.py).
+_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False, tma_packed=False)
 KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(_TMA, tma_view="rows"),
                    "tma-4d": dict(_TMA, tma_view="4d"), "tma-4d-pairs": dict(_TMA, tma_view="4d", tma_pairs=2),
                    "tma-4d-ahead": dict(_TMA, tma_view="4d", tma_lookahead=True),
                    "tma-4d-lazy": dict(_TMA, tma_view="4d", tma_lazy=True),
-                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True)}
+                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True),
+                   "tma-4d-packed": dict(_TMA, tma_view="4d", tma_packed=True)}
 
 
 def kernel_only(args) -> None:
@@ -252,6 +254,9 @@ def select_parts(q, k, plan, timed, iters: int) -> dict:
     if triton_topk_supported(scores, kk) or scores.device.type == "cpu":
         use = None if scores.is_cuda else True  # the CPU: through Triton's interpreter (a dry run)
         part["topk_triton_ms"] = timed(lambda: topk_ascending(scores, kk, use_triton=use), iters)[0]
+        if scores.is_cuda:  # the kernel's warps per row (vsa_topk.NUM_WARPS)
+            part["topk_triton_ms_by_warps"] = {
+                w: timed(lambda w=w: topk_ascending(scores, kk, num_warps=w), iters)[0] for w in (1, 2, 4, 8)}
         part["topk_same_tiles"] = bool(torch.equal(topk_ascending(scores, kk, use_triton=use),
                                                    topk_ascending_torch(scores, kk)))
     part["select_tiles_ms"] = timed(lambda: select_tiles(q, k, p, sizes, kk, out_dtype=torch.int32), iters)[0]

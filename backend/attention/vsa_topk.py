@@ -17,6 +17,9 @@ import torch
 from .vsa_softmax import tl, triton
 
 MAX_COLUMNS = 8192  # one row lives in one program's registers; the torch path runs past this
+#: Warps per row by the row's padded width (a power of two) where measured; else 4 up to 2048 columns, 8 past.
+#: Fewer warps per row: more rows per SM, and the radix search's 32 counts reduce more within warps, less across.
+NUM_WARPS = {2048: 4}
 
 
 def topk_ascending_torch(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -29,9 +32,11 @@ def triton_topk_supported(scores: torch.Tensor, k: int) -> bool:
             and 0 < k <= scores.shape[-1] <= MAX_COLUMNS)
 
 
-def topk_ascending(scores: torch.Tensor, k: int, out_dtype=torch.long, use_triton: bool | None = None) -> torch.Tensor:
+def topk_ascending(scores: torch.Tensor, k: int, out_dtype=torch.long, use_triton: bool | None = None,
+                   num_warps: int | None = None) -> torch.Tensor:
     """[..., N] float32 -> [..., k] `out_dtype`: the columns of each row's k largest scores in ascending order; the
-    Triton kernel where it runs (use_triton None: CUDA float32 rows of at most MAX_COLUMNS), else torch."""
+    Triton kernel where it runs (use_triton None: CUDA float32 rows of at most MAX_COLUMNS), else torch. `num_warps`:
+    the kernel's warps per row (default: NUM_WARPS for the row's padded width)."""
     if use_triton is None:
         use_triton = triton_topk_supported(scores, k)
     if not use_triton:
@@ -43,8 +48,8 @@ def topk_ascending(scores: torch.Tensor, k: int, out_dtype=torch.long, use_trito
     out = torch.empty((rows.shape[0], k), dtype=out_dtype, device=scores.device)
     if rows.shape[0]:
         block = triton.next_power_of_2(n)
-        _topk_ascending[(rows.shape[0],)](rows, out, n, k, rows.stride(0), BLOCK=block,
-                                          num_warps=4 if block <= 2048 else 8)
+        warps = num_warps or NUM_WARPS.get(block, 4 if block <= 2048 else 8)
+        _topk_ascending[(rows.shape[0],)](rows, out, n, k, rows.stride(0), BLOCK=block, num_warps=warps)
     return out.reshape(*scores.shape[:-1], k)
 
 
