@@ -144,15 +144,13 @@ def quality(args) -> None:
 #: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
 #: from 5 (the pointer kernel: num_stages buffers).
 #: "-pairs": two key blocks per iteration; "-ahead": the next block's scores issued before this block's softmax;
-#: "-lazy": the conditional rescale; "-packed": each selected tile's first row and length in one int32 (its gather
-#: on the host inside the timing) (vsa_kernel_tma.py).
-_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False, tma_packed=False)
+#: "-lazy": the conditional rescale (vsa_kernel_tma.py).
+_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False)
 KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(_TMA, tma_view="rows"),
                    "tma-4d": dict(_TMA, tma_view="4d"), "tma-4d-pairs": dict(_TMA, tma_view="4d", tma_pairs=2),
                    "tma-4d-ahead": dict(_TMA, tma_view="4d", tma_lookahead=True),
                    "tma-4d-lazy": dict(_TMA, tma_view="4d", tma_lazy=True),
-                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True),
-                   "tma-4d-packed": dict(_TMA, tma_view="4d", tma_packed=True)}
+                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True)}
 
 
 def kernel_only(args) -> None:

@@ -18,7 +18,8 @@ travel as kernel parameters: no triton.set_allocator is needed (that is for desc
 loads at a row read from `sel` are double-buffered for num_stages 2-4 and triple-buffered from 5 (Triton 3.6's sm_90
 compile): 5 stages is the fastest setting measured. A warp-specialized key loop (tl.range(..., warp_specialize=True))
 was tried and removed: with Triton 3.6 on the H200 it ran 1.9x slower than this loop and gave wrong results for some
-settings.
+settings. So was a packed selection (each selected tile's first row << 7 | rows in one int32, gathered on the host,
+so the loop makes one load per block instead of two dependent ones): 56.3 ms vs 45.6 ms (session 10).
 """
 
 from __future__ import annotations
@@ -129,21 +130,13 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE: tl.constexpr,
-                   PACKED: tl.constexpr):
+    def _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE: tl.constexpr):
         # Key block i of a video query tile: the prefix's 64-row blocks, then its selected tiles; from n_blocks on,
         # an empty block (length 0) at row 0, for the second half of a last pair or a pipelined loop's look-ahead.
-        # PACKED: `sel` holds each selected tile's (first row << 7 | rows), one load and no dependent ones.
         in_prefix = i < n_prefix
-        code = tl.load(sel_base + tl.minimum(tl.maximum(i - n_prefix, 0), NSEL - 1))  # always in bounds
-        if PACKED:
-            tile_start = code >> 7
-            tile_len = code & 127
-        else:
-            tile_start = tl.load(starts + code)
-            tile_len = tl.load(sizes + code)
-        start = tl.where(in_prefix, i * TILE, tile_start)
-        length = tl.where(in_prefix, P - i * TILE, tile_len)  # prefix: >= the block's last row
+        kt = tl.load(sel_base + tl.minimum(tl.maximum(i - n_prefix, 0), NSEL - 1))  # always in bounds
+        start = tl.where(in_prefix, i * TILE, tl.load(starts + kt))
+        length = tl.where(in_prefix, P - i * TILE, tl.load(sizes + kt))  # prefix: >= the block's last row
         live = i < n_blocks
         return tl.where(live, start, 0), tl.where(live, length, 0)
 
@@ -151,7 +144,7 @@ if triton is not None:
     def _vsa_video_fwd_tma(q_desc, k_desc, v_desc, o_desc, O, starts, sizes, sel, S, P, H, T, NSEL, qk_scale,
                            sob, sos, soh, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, ROWS_VIEW: tl.constexpr,
                            PV_FP16: tl.constexpr, PAIRS: tl.constexpr, LOOKAHEAD: tl.constexpr,
-                           LAZY: tl.constexpr, PACKED: tl.constexpr):
+                           LAZY: tl.constexpr):
         # One program per (video query tile, batch * head), as _vsa_video_fwd. One key loop over the prefix blocks
         # and then the selected tiles (one loop for the pipeliner to schedule), in one of three forms:
         # PAIRS == 2: two key blocks per iteration (_online_softmax_step2);
@@ -177,8 +170,8 @@ if triton is not None:
         sel_base = sel + (bh * T + tile) * NSEL
         if PAIRS == 2:
             for i in tl.range(0, n_blocks, 2):
-                start0, length0 = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE, PACKED)
-                start1, length1 = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE, PACKED)
+                start0, length0 = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
+                start1, length1 = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
                 k0 = _tile_rows(k_desc, b, start0, h, S, TILE, HEAD_DIM, ROWS_VIEW)
                 v0 = _tile_rows(v_desc, b, start0, h, S, TILE, HEAD_DIM, ROWS_VIEW)
                 k1 = _tile_rows(k_desc, b, start1, h, S, TILE, HEAD_DIM, ROWS_VIEW)
@@ -186,12 +179,11 @@ if triton is not None:
                 acc, m_i, l_i = _online_softmax_step2(q, k0, v0, cols < length0, k1, v1, cols < length1, acc, m_i,
                                                       l_i, qk_scale, PV_FP16)
         elif LOOKAHEAD:
-            start, length = _key_block(0, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE, PACKED)
+            start, length = _key_block(0, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
             s = tl.dot(q, tl.trans(_tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)))
             for i in tl.range(0, n_blocks):
                 vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
-                start_n, length_n = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE,
-                                               PACKED)
+                start_n, length_n = _key_block(i + 1, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
                 s_n = tl.dot(q, tl.trans(_tile_rows(k_desc, b, start_n, h, S, TILE, HEAD_DIM, ROWS_VIEW)))
                 if LAZY:
                     acc, m_i, l_i = _online_softmax_scores_lazy(s, vv, cols < length, acc, m_i, l_i, qk_scale,
@@ -201,7 +193,7 @@ if triton is not None:
                 s, start, length = s_n, start_n, length_n
         else:
             for i in tl.range(0, n_blocks):
-                start, length = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE, PACKED)
+                start, length = _key_block(i, n_prefix, n_blocks, P, sel_base, starts, sizes, NSEL, TILE)
                 kk = _tile_rows(k_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
                 vv = _tile_rows(v_desc, b, start, h, S, TILE, HEAD_DIM, ROWS_VIEW)
                 if LAZY:
@@ -224,32 +216,19 @@ if triton is not None:
                      out, mask=cols[:, None] < q_len)
 
 
-PACKED_MAX_ROWS = 1 << 24  # a packed code's first row: 24 bits above the 7 of the length, in an int32
-
-
-def tile_codes(starts: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
-    """[T] int32: each tile's first row << 7 | its rows (<= 64), the packed kernel's table (rows < PACKED_MAX_ROWS)."""
-    return (starts.to(torch.int32) << 7) | sizes.to(torch.int32)
-
-
 def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool, view: str, num_warps: int,
-               num_stages: int, pairs: int = 1, lookahead: bool = False, lazy: bool = False,
-               packed: bool = False) -> torch.Tensor:
+               num_stages: int, pairs: int = 1, lookahead: bool = False, lazy: bool = False) -> torch.Tensor:
     """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]; `pairs` 1 or 2
     key blocks per iteration; for pairs 1, `lookahead` the next block's scores first and `lazy` the conditional
-    rescale; `packed`: the kernel reads each selected tile's first row and length from one int32, gathered here);
-    returns out."""
+    rescale); returns out."""
     if pairs not in (1, 2):
         raise ValueError(f"VSA TMA kernel: pairs must be 1 or 2, got {pairs!r}")
     b, s, h, d = q.shape
-    if packed and s < PACKED_MAX_ROWS:
-        sel = tile_codes(starts, sizes)[sel]
     t, nsel = sel.shape[2], sel.shape[3]
     descs = [_descriptor(x, view) for x in (q, k, v, out)]
     _vsa_video_fwd_tma[(t, b * h)](*descs, out, starts, sizes, sel, s, num_prefix, h, t, nsel,
                                    d ** -0.5 * math.log2(math.e), out.stride(0), out.stride(1), out.stride(2),
                                    HEAD_DIM=d, TILE=TILE, ROWS_VIEW=view == "rows", PV_FP16=bool(pv_fp16),
                                    PAIRS=int(pairs), LOOKAHEAD=bool(lookahead) and pairs == 1,
-                                   LAZY=bool(lazy) and pairs == 1, PACKED=bool(packed) and s < PACKED_MAX_ROWS,
-                                   num_warps=num_warps, num_stages=num_stages)
+                                   LAZY=bool(lazy) and pairs == 1, num_warps=num_warps, num_stages=num_stages)
     return out
