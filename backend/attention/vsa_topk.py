@@ -2,8 +2,8 @@
 (vsa_kernel.select_tiles) after the block scores.
 
 torch.topk followed by a sort of its indices is two kernels over the whole score tensor: 3.8 ms per block at the
-10-s shape on the H200 (56 heads, 1,188 tiles, k = 119; bench/vsa.py --kernel-only, "select" line), against 2.4 ms
-for this kernel; the whole selection went from 5.5 to 4.3 ms (docs/BENCHMARKS.md, session 10). The Triton kernel does
+10-s shape on the H200 (56 heads, 1,188 tiles, k = 119; bench/vsa.py --kernel-only, "select" line), against 2.1 ms
+for this kernel at 2 warps per row; the whole selection went from 5.5 to 4.0 ms (docs/BENCHMARKS.md, session 10). The Triton kernel does
 both in one pass per row, in registers: a radix search over the scores' bit patterns finds the k-th largest value (32
 rounds of a count); the row's entries above it, and as many of those equal to it as k still needs (lowest columns
 first), are written at their rank in column order (a cumulative count). torch.topk leaves the choice among ties
