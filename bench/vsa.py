@@ -144,16 +144,13 @@ def quality(args) -> None:
 #: Triton 3.6's sm_90 compile: TMA loads at a loaded row are double-buffered for num_stages 2-4 and triple-buffered
 #: from 5 (the pointer kernel: num_stages buffers).
 #: "-pairs": two key blocks per iteration; "-ahead": the next block's scores issued before this block's softmax;
-#: "-lazy": the conditional rescale; "-fma": the scale folded into the exponent's FMA; "-exp16": that with float16
-#: exponentials, two per instruction (vsa_kernel_tma.py; GPU only).
-_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False, tma_softmax="scaled")
+#: "-lazy": the conditional rescale (vsa_kernel_tma.py).
+_TMA = dict(tma=True, tma_pairs=1, tma_lookahead=False, tma_lazy=False)
 KERNEL_VARIANTS = {"pointer": dict(tma=False, pairs=1), "tma": dict(_TMA, tma_view="rows"),
                    "tma-4d": dict(_TMA, tma_view="4d"), "tma-4d-pairs": dict(_TMA, tma_view="4d", tma_pairs=2),
                    "tma-4d-ahead": dict(_TMA, tma_view="4d", tma_lookahead=True),
                    "tma-4d-lazy": dict(_TMA, tma_view="4d", tma_lazy=True),
-                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True),
-                   "tma-4d-fma": dict(_TMA, tma_view="4d", tma_softmax="fma"),
-                   "tma-4d-exp16": dict(_TMA, tma_view="4d", tma_softmax="fma_exp16")}
+                   "tma-4d-ahead-lazy": dict(_TMA, tma_view="4d", tma_lookahead=True, tma_lazy=True)}
 
 
 def kernel_only(args) -> None:
@@ -220,10 +217,6 @@ def kernel_shape(args, cfg, seconds: float, dev, dtype, settings, selection: str
         select_parts(q, k, plan, timed, args.iters)
     for name in args.kernels:
         variant = KERNEL_VARIANTS[name]
-        if variant.get("tma_softmax") == "fma_exp16" and dev.type != "cuda":
-            emit("kernel", seconds=seconds, kernel=name, skipped="inline PTX (ex2.approx.f16x2): CUDA only, Triton's "
-                 "interpreter does not run it")
-            continue
         if variant["tma"] and tma_view(q, k, v, out, variant["tma_view"]) is None:
             emit("kernel", seconds=seconds, kernel=name, skipped="tma_supported is False here (the pointer "
                  "kernel would run): needs compute capability >= 9 and 16-byte aligned tensors")

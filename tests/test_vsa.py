@@ -234,7 +234,7 @@ _INTERPRETED_LOOPS = textwrap.dedent("""
     from comfyui_h3.backend.attention.vsa_kernel import reference, triton_video_attention
     from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
     forms = [dict(tma_pairs=2), dict(tma_lookahead=True), dict(tma_lazy=True),
-             dict(tma_lookahead=True, tma_lazy=True), dict(tma_softmax="fma")]
+             dict(tma_lookahead=True, tma_lazy=True)]
     # an odd number of key blocks (a pair's empty second half), none before the tiles, a one-tile selection
     for (num_prefix, grid), topk in [((70, (5, 6, 7)), 3), ((0, (4, 4, 4)), 2), ((130, (3, 9, 4)), 4),
                                      ((64, (4, 4, 8)), 1)]:
@@ -259,9 +259,8 @@ _INTERPRETED_LOOPS = textwrap.dedent("""
 
 @pytest.mark.skipif(triton is None, reason="triton is not installed: the Triton kernel cannot be interpreted")
 def test_tma_kernel_loop_forms_interpreted_match_the_rule():
-    """The TMA kernel's other key loops (two blocks per iteration, look-ahead scores, conditional rescale, the FMA
-    softmax) through Triton's interpreter, float32 output vs the float64 rule; bf16 (and float16 exponentials) on the
-    GPU test below."""
+    """The TMA kernel's other key loops (two blocks per iteration, look-ahead scores, conditional rescale) through
+    Triton's interpreter, float32 output vs the float64 rule; bf16 on the GPU test below."""
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_LOOPS], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -301,12 +300,11 @@ def test_tma_fallback_rule(monkeypatch):
                            "fp16 test above, fallback tests)")
 @pytest.mark.parametrize("num_prefix,grid", SHAPES + [(1000, (12, 16, 20))])
 @pytest.mark.parametrize("kernel,topk", [("pairs1", 4), ("pairs2", 5), ("tma", 5), ("tma-4d", 4), ("tma-pairs", 5),
-                                         ("tma-ahead", 4), ("tma-lazy", 5), ("tma-ahead-lazy", 4),
-                                         ("tma-fma", 5), ("tma-exp16", 4)])
+                                         ("tma-ahead", 4), ("tma-lazy", 5), ("tma-ahead-lazy", 4)])
 def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, kernel, topk, monkeypatch):
     """Both launch variants: the pointer kernel (one or two selected tiles per key block) and the TMA-descriptor one
-    (rows view, 4-D view; two key blocks per iteration, look-ahead scores, conditional rescale, the FMA softmax with
-    float32 / float16 exponentials) on views of a fused QKV buffer, as the DiT passes them."""
+    (rows view, 4-D view; two key blocks per iteration, look-ahead scores, conditional rescale) on views of a fused
+    QKV buffer, as the DiT passes them."""
     from comfyui_h3.backend.attention import vsa_kernel
     from comfyui_h3.backend.attention.vsa_kernel_tma import tma_view
 
@@ -315,9 +313,7 @@ def test_triton_kernel_on_gpu_matches_the_rule(num_prefix, grid, kernel, topk, m
               "tma-4d": dict(tma=True, tma_view="4d"), "tma-pairs": dict(tma=True, tma_view="4d", tma_pairs=2),
               "tma-ahead": dict(tma=True, tma_view="4d", tma_lookahead=True),
               "tma-lazy": dict(tma=True, tma_view="4d", tma_lazy=True),
-              "tma-ahead-lazy": dict(tma=True, tma_view="4d", tma_lookahead=True, tma_lazy=True),
-              "tma-fma": dict(tma=True, tma_view="4d", tma_softmax="fma"),
-              "tma-exp16": dict(tma=True, tma_view="4d", tma_softmax="fma_exp16")}[kernel]
+              "tma-ahead-lazy": dict(tma=True, tma_view="4d", tma_lookahead=True, tma_lazy=True)}[kernel]
     if config.get("tma") and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the TMA kernel needs compute capability >= 9 (Hopper); this GPU runs the pointer kernel")
     for key, value in config.items():
@@ -493,9 +489,6 @@ def test_bench_kernel_only_dry_run():
     kernels = [p for p in parts if p["part"] == "kernel"]
     assert [p["kernel"] for p in kernels[:n]] == list(KERNEL_VARIANTS)
     for line in kernels:
-        if line["kernel"] == "tma-4d-exp16":  # inline PTX: the interpreter reports it skipped
-            assert "CUDA only" in line["skipped"], line
-            continue
         assert line["kernel_ms"] > 0 and line["rel_vs_pointer"] < 1e-3, line  # nan (rows left unwritten) fails
 
 

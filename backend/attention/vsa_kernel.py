@@ -219,7 +219,7 @@ if triton is not None:
 #: key block) 55-57 ms vs 45-46 ms; "tma_lookahead" (next block's QK^T before this block's softmax) 46-48 ms;
 #: "tma_lazy" (rescale only when a row max grows by more than 2^8) 46-50 ms. Kept for other GPUs and head sizes.
 KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": True, "tma_view": "auto", "tma_stages": 5,
-                 "tma_pairs": 1, "tma_lookahead": False, "tma_lazy": False, "tma_softmax": "scaled"}
+                 "tma_pairs": 1, "tma_lookahead": False, "tma_lazy": False}
 
 
 def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
@@ -240,7 +240,7 @@ def triton_video_attention(q, k, v, num_prefix: int, starts: torch.Tensor, sizes
             return vsa_kernel_tma.launch_tma(q, k, v, out, num_prefix, starts, sizes, sel, pv_fp16, view,
                                              int(settings["num_warps"]), int(settings["tma_stages"]),
                                              int(settings["tma_pairs"]), bool(settings["tma_lookahead"]),
-                                             bool(settings["tma_lazy"]), str(settings["tma_softmax"]))
+                                             bool(settings["tma_lazy"]))
     grid = (t, b * h)
     _vsa_video_fwd[grid](q, k, v, out, starts, sizes, sel, num_prefix, h, t, nsel, d ** -0.5 * math.log2(math.e),
                          q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

@@ -19,7 +19,8 @@ loads at a row read from `sel` are double-buffered for num_stages 2-4 and triple
 compile): 5 stages is the fastest setting measured. A warp-specialized key loop (tl.range(..., warp_specialize=True))
 was tried and removed: with Triton 3.6 on the H200 it ran 1.9x slower than this loop and gave wrong results for some
 settings. So was a packed selection (each selected tile's first row << 7 | rows in one int32, gathered on the host,
-so the loop makes one load per block instead of two dependent ones): 56.3 ms vs 45.6 ms (session 10).
+so the loop makes one load per block instead of two dependent ones): 56.3 ms vs 45.6 ms; and float16
+exponentials (ex2.approx.f16x2, two per instruction): 46.3 ms vs 44.7 ms and 2.5e-3 off (session 10).
 """
 
 from __future__ import annotations
@@ -117,8 +118,8 @@ def _descriptor(x: torch.Tensor, view: str) -> TensorDescriptor:
 if triton is not None:
     import triton.language as tl
 
-    from .vsa_softmax import (_online_softmax_fma, _online_softmax_scores, _online_softmax_scores_lazy,
-                              _online_softmax_step, _online_softmax_step2)
+    from .vsa_softmax import (_online_softmax_scores, _online_softmax_scores_lazy, _online_softmax_step,
+                              _online_softmax_step2)
 
     @triton.jit
     def _tile_rows(desc, b, row, h, S, TILE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS_VIEW: tl.constexpr):
@@ -144,7 +145,7 @@ if triton is not None:
     def _vsa_video_fwd_tma(q_desc, k_desc, v_desc, o_desc, O, starts, sizes, sel, S, P, H, T, NSEL, qk_scale,
                            sob, sos, soh, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, ROWS_VIEW: tl.constexpr,
                            PV_FP16: tl.constexpr, PAIRS: tl.constexpr, LOOKAHEAD: tl.constexpr,
-                           LAZY: tl.constexpr, SOFTMAX: tl.constexpr):
+                           LAZY: tl.constexpr):
         # One program per (video query tile, batch * head), as _vsa_video_fwd. One key loop over the prefix blocks
         # and then the selected tiles (one loop for the pipeliner to schedule), in one of three forms:
         # PAIRS == 2: two key blocks per iteration (_online_softmax_step2);
@@ -152,8 +153,7 @@ if triton is not None:
         # can run them while the softmax does (loop-carried, FlashAttention-3's intra-warpgroup overlap written
         # out; one spare score block at the end);
         # else one block per iteration. LAZY (one block per iteration, with or without LOOKAHEAD): the conditional
-        # rescale of _online_softmax_scores_lazy. SOFTMAX (one block per iteration, not LAZY): 0 the scaled update,
-        # 1 the FMA form (_online_softmax_fma), 2 that with float16 exponentials.
+        # rescale of _online_softmax_scores_lazy.
         tile = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // H
@@ -200,9 +200,6 @@ if triton is not None:
                 if LAZY:
                     acc, m_i, l_i = _online_softmax_scores_lazy(tl.dot(q, tl.trans(kk)), vv, cols < length, acc,
                                                                 m_i, l_i, qk_scale, PV_FP16)
-                elif SOFTMAX > 0:
-                    acc, m_i, l_i = _online_softmax_fma(tl.dot(q, tl.trans(kk)), vv, cols < length, acc, m_i, l_i,
-                                                        qk_scale, PV_FP16, SOFTMAX == 2)
                 else:
                     acc, m_i, l_i = _online_softmax_step(q, kk, vv, cols < length, acc, m_i, l_i, qk_scale,
                                                          PV_FP16)
@@ -220,21 +217,13 @@ if triton is not None:
                      out, mask=cols[:, None] < q_len)
 
 
-#: The plain loop's online-softmax update: "scaled" (_online_softmax_scores), "fma" (_online_softmax_fma),
-#: "fma_exp16" (that with ex2.approx.f16x2; CUDA only).
-SOFTMAX_FORMS = ("scaled", "fma", "fma_exp16")
-
-
 def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool, view: str, num_warps: int,
-               num_stages: int, pairs: int = 1, lookahead: bool = False, lazy: bool = False,
-               softmax: str = "scaled") -> torch.Tensor:
+               num_stages: int, pairs: int = 1, lookahead: bool = False, lazy: bool = False) -> torch.Tensor:
     """Run _vsa_video_fwd_tma (`view` as tma_view resolved it; `sel` int32 contiguous [B, H, T, k]; `pairs` 1 or 2
     key blocks per iteration; for pairs 1, `lookahead` the next block's scores first and `lazy` the conditional
-    rescale; `softmax` one of SOFTMAX_FORMS, for the plain loop); returns out."""
+    rescale); returns out."""
     if pairs not in (1, 2):
         raise ValueError(f"VSA TMA kernel: pairs must be 1 or 2, got {pairs!r}")
-    if softmax not in SOFTMAX_FORMS:
-        raise ValueError(f"VSA TMA kernel: softmax must be one of {', '.join(SOFTMAX_FORMS)}, got {softmax!r}")
     b, s, h, d = q.shape
     t, nsel = sel.shape[2], sel.shape[3]
     descs = [_descriptor(x, view) for x in (q, k, v, out)]
@@ -242,6 +231,5 @@ def launch_tma(q, k, v, out, num_prefix: int, starts, sizes, sel, pv_fp16: bool,
                                    d ** -0.5 * math.log2(math.e), out.stride(0), out.stride(1), out.stride(2),
                                    HEAD_DIM=d, TILE=TILE, ROWS_VIEW=view == "rows", PV_FP16=bool(pv_fp16),
                                    PAIRS=int(pairs), LOOKAHEAD=bool(lookahead) and pairs == 1,
-                                   LAZY=bool(lazy) and pairs == 1, SOFTMAX=SOFTMAX_FORMS.index(softmax),
-                                   num_warps=num_warps, num_stages=num_stages)
+                                   LAZY=bool(lazy) and pairs == 1, num_warps=num_warps, num_stages=num_stages)
     return out

@@ -22,43 +22,18 @@ if triton is not None:
     @triton.jit
     def _online_softmax_scores(s, vv, valid, acc, m_i, l_i, qk_scale, PV_FP16: tl.constexpr):
         # One block of raw scores `s` = q . k^T (its V rows `vv`; `valid` marks the block's own keys) into the
-        # online softmax state.
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # online softmax state (m_i in the log2 domain). The row max is taken on the raw scores (qk_scale > 0 keeps
+        # the order, and rounding keeps max(s) * c == max(s * c)), so s * c - m is one FMA per score instead of a
+        # multiply and a subtract: 3% off the TMA kernel on the H200 (docs/BENCHMARKS.md, session 10).
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         alpha = tl.exp2(m_i - m_new)
-        pr = tl.exp2(s - m_new[:, None])
+        pr = tl.exp2(s * qk_scale - m_new[:, None])
         l_i = l_i * alpha + tl.sum(pr, 1)
         if PV_FP16:  # probabilities keep 3 more mantissa bits in fp16 (V must fit fp16's range)
             acc = acc * alpha[:, None] + tl.dot(pr.to(tl.float16), vv.to(tl.float16))
         else:
             acc = acc * alpha[:, None] + tl.dot(pr.to(vv.dtype), vv)
-        return acc, m_new, l_i
-
-    @triton.jit
-    def _exp2_f16x2(x):
-        # 2^x in float16 for float32 x, two per MUFU instruction (ex2.approx.f16x2) instead of one: the special
-        # function unit runs 1/8 of the FP32 rate, and the bf16 P.V operand keeps fewer bits than fp16 anyway.
-        return tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)], dtype=tl.float16,
-                                         is_pure=True, pack=2)
-
-    @triton.jit
-    def _online_softmax_fma(s, vv, valid, acc, m_i, l_i, qk_scale, PV_FP16: tl.constexpr, EXP16: tl.constexpr):
-        # _online_softmax_scores with the scale folded into the exponent's argument: the row max is taken on the raw
-        # scores (qk_scale > 0 keeps the order, and rounding keeps max(s) * c == max(s * c)), then
-        # s * c - m is one FMA per score instead of a multiply and a subtract. EXP16: 2^x by _exp2_f16x2 (GPU only:
-        # inline PTX, which Triton's interpreter does not run).
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # log2 domain
-        alpha = tl.exp2(m_i - m_new)
-        x = s * qk_scale - m_new[:, None]
-        if EXP16:
-            pr = _exp2_f16x2(x)
-            l_i = l_i * alpha + tl.sum(pr.to(tl.float32), 1)
-        else:
-            pr = tl.exp2(x)
-            l_i = l_i * alpha + tl.sum(pr, 1)
-        pv_dtype = tl.float16 if PV_FP16 else vv.dtype
-        acc = acc * alpha[:, None] + tl.dot(pr.to(pv_dtype), vv.to(pv_dtype))
         return acc, m_new, l_i
 
     @triton.jit
