@@ -3,11 +3,12 @@
 
 torch.topk followed by a sort of its indices is two kernels over the whole score tensor: 3.8 ms per block at the
 10-s shape on the H200 (56 heads, 1,188 tiles, k = 119; bench/vsa.py --kernel-only, "select" line), against 2.1 ms
-for this kernel at 2 warps per row; the whole selection went from 5.5 to 4.0 ms (docs/BENCHMARKS.md, session 10). The Triton kernel does
-both in one pass per row, in registers: a radix search over the scores' bit patterns finds the k-th largest value (32
-rounds of a count); the row's entries above it, and as many of those equal to it as k still needs (lowest columns
-first), are written at their rank in column order (a cumulative count). torch.topk leaves the choice among ties
-unspecified, so the two agree wherever the k-th value is not tied (random and trained scores alike).
+for this kernel at 2 warps per row; the whole selection went from 5.5 to 4.1 ms (docs/BENCHMARKS.md, session 10).
+The Triton kernel does both in one pass per row, in registers: a radix search over the scores' bit patterns finds
+the k-th largest value (32 rounds of a count); the row's entries above it, and as many of those equal to it as k
+still needs (lowest columns first), are written at their rank in column order (a cumulative count). torch.topk
+leaves the choice among ties unspecified, so the two agree wherever the k-th value is not tied (random and trained
+scores alike).
 """
 
 from __future__ import annotations
