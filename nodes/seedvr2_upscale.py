@@ -14,7 +14,8 @@ import torch
 
 from .. import comfy_services as services
 from ..backend.media.encode import as_fraction, next_free_path, release_placeholder
-from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_SCALE, MAX_SIDE, UpscaleRequest
+from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_BATCH_FRAMES, MAX_SCALE, MAX_SIDE, \
+    UpscaleRequest, batch_frames_error, finite_number
 from ..extend_job import keep_partial
 from ..video_file import H3FileVideo
 from ..video_types import H3Video
@@ -22,7 +23,6 @@ from .sample import MAX_SEED, run_engine, with_manifest
 from .seedvr2_loader import SEEDVR2_ENGINE
 
 TARGETS = ("scale", "short side", "width x height")
-MAX_BATCH_FRAMES = 4097
 MAX_OVERLAP = 64
 MEMORY_OUTPUT_BYTES = 1 << 30  # an IMAGE input whose uint8 result is larger than this is streamed to a file
 PARTIAL_PREFIX = "H3/upscale_partial"
@@ -60,8 +60,9 @@ class H3SeedVR2Upscale:
                                    "tooltip": "target width x height: the output height in pixels."}),
                 "batch_frames": ("INT", {"default": 0, "min": 0, "max": MAX_BATCH_FRAMES,
                                          "tooltip": "Frames restored together: 0 = auto (as many as fit in memory), "
-                                                    "or 4n+1 (1, 5, 9, 13, 17, 21, ...). Below 17 the frames of a "
-                                                    "batch no longer attend to each other in time (more flicker)."}),
+                                                    "or 4n+1 from 5 (5, 9, 13, 17, 21, ...). Below 17 the frames of "
+                                                    "a batch no longer attend to each other in time (more "
+                                                    "flicker)."}),
                 "overlap": ("INT", {"default": 8, "min": 0, "max": MAX_OVERLAP,
                                     "tooltip": "Frames shared by consecutive batches, cross-faded so the seams do "
                                                "not show (a multiple of 4 aligns with the latent frames). Must be "
@@ -111,6 +112,10 @@ class H3SeedVR2Upscale:
             raise ValueError("SeedVR2 Upscale needs the engine of a SeedVR2 Model Loader.")
         if (video is None) == (images is None):
             raise ValueError("SeedVR2 Upscale needs one input: connect a video or images (not both).")
+        for name, value in (("scale", scale), ("short_side", short_side), ("width", width), ("height", height),
+                            ("batch_frames", batch_frames), ("overlap", overlap), ("seed", seed),
+                            ("fps", fps), ("vae_tile", vae_tile)):
+            finite_number(value, name)  # before int() / Fraction() of them
         if video is not None:
             from ..video_types import video_to_frames_audio
 
@@ -122,6 +127,7 @@ class H3SeedVR2Upscale:
                                  seed=int(seed), edge=edge, vae_tile=int(vae_tile or 0), fps=Fraction(rate),
                                  audio=None if wave is None else torch.as_tensor(wave).float().cpu(),
                                  sample_rate=sample_rate, encode_options=dict(ENCODE_OPTIONS))
+        request.validate()  # here too: the size estimate below reads the target
         streamed = video is not None or output_bytes(request) > MEMORY_OUTPUT_BYTES
         path = next_free_path(services.temp_directory(), "h3_upscale/upscale", "mp4") if streamed else None
         request.output_path = path
@@ -141,18 +147,8 @@ class H3SeedVR2Upscale:
 
 
 def check_batch_frames(batch_frames) -> bool | str:
-    """True for 0 (auto) or 4n+1 within the widget's range, else the message saying what fits."""
-    try:
-        value = int(batch_frames)
-    except (TypeError, ValueError):
-        return f"batch_frames must be a whole number, got {batch_frames!r}."
-    if not 0 <= value <= MAX_BATCH_FRAMES:
-        return f"batch_frames must be 0 (auto) or 4n+1 up to {MAX_BATCH_FRAMES}, got {value}."
-    if value and value % 4 != 1:
-        lower = value - (value - 1) % 4
-        return (f"batch_frames must be 0 (auto) or 4n+1 (1, 5, 9, ..., 17, 21, ...), got {value}: use {lower} or "
-                f"{lower + 4}.")
-    return True
+    """True for a batch size the request takes (request.batch_frames_error's one rule), else what to change."""
+    return batch_frames_error(batch_frames, "batch_frames") or True
 
 
 def target_fields(target: str, scale: float, short_side: int, width: int, height: int) -> dict:

@@ -167,7 +167,7 @@ def test_loader_refuses_a_file_of_the_other_variant_before_anything_starts(fake_
     assert resident_engines() == before  # nothing started: the engine starts on the first upscale
 
 
-@pytest.mark.parametrize("value,ok", [(0, True), (1, True), (5, True), (17, True), (4097, True), (4, False),
+@pytest.mark.parametrize("value,ok", [(0, True), (1, False), (5, True), (17, True), (4097, True), (4, False),
                                       (20, False), (-1, False), (4101, False), ("abc", False)])
 def test_batch_frames_is_checked_when_the_prompt_is_queued(value, ok):
     from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale
@@ -176,6 +176,73 @@ def test_batch_frames_is_checked_when_the_prompt_is_queued(value, ok):
     assert (verdict is True) == ok, verdict
     if value == 20:
         assert "use 17 or 21" in verdict
+    if value == 1:  # the tooltip no longer lists it: the worker refused it for any video of more than one frame
+        assert "use 0 for auto or 5" in verdict
+
+
+@pytest.mark.parametrize("batch_frames", [0, 1, 5, 6, 17, 4097, 4101])
+@pytest.mark.parametrize("frames", [1, 9])
+def test_batch_frames_has_one_rule_for_the_node_and_the_worker(batch_frames, frames):
+    """What the node's check accepts the worker's request takes, for any clip length (the node cannot know it), and
+    what it refuses the request refuses with the same sentence (the CLI builds the same request)."""
+    from comfyui_h3.backend.errors import RequestError
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+    from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale as Node
+
+    verdict = Node.VALIDATE_INPUTS(batch_frames)
+    request = UpscaleRequest(torch.zeros(frames, 16, 16, 3, dtype=torch.uint8), batch_frames=batch_frames, overlap=0)
+    if verdict is True:
+        request.validate()
+        from comfyui_h3.backend.pipelines.seedvr2.batches import plan_batches
+
+        plan_batches(frames, batch_frames or 5, 0)  # the worker's plan takes it too
+    else:
+        with pytest.raises(RequestError) as refused:
+            request.validate()
+        assert str(refused.value).split(", got")[1] == verdict.split(", got")[1]
+
+
+@pytest.mark.parametrize("name", ["scale", "short_side", "width", "height", "fps"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_numbers_are_refused_naming_the_input(name, bad):
+    """ComfyUI's range checks let NaN / inf through; the node names the input instead of failing in int()."""
+    from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale
+
+    class Handle:
+        class config:
+            family = "seedvr2"
+
+    values = dict(target="scale", scale=2.0, short_side=1080, width=1920, height=1080, batch_frames=0, overlap=8,
+                  color_fix="wavelet", seed=0, edge="pad", fps=24.0)
+    values[name] = bad
+    if name in ("short_side",):
+        values["target"] = "short side"
+    with pytest.raises(ValueError, match=f"SeedVR2 Upscale's {name} must be a finite number, got {bad}") as err:
+        H3SeedVR2Upscale().upscale(Handle(), images=torch.zeros(1, 16, 16, 3), **values)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_scale_is_a_request_error(bad):
+    """The CLI's --scale nan reaches the request: refused there, naming it."""
+    from comfyui_h3.backend.errors import RequestError
+    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
+
+    with pytest.raises(RequestError, match="scale must be a finite number"):
+        UpscaleRequest(torch.zeros(1, 16, 16, 3, dtype=torch.uint8), scale=bad).validate()
+
+
+def test_an_unknown_colour_fix_is_refused_naming_the_modes():
+    """Not only at the request: the colour fix itself no longer falls through to lab for a name it does not know."""
+    from comfyui_h3.backend.pipelines.seedvr2 import colorfix
+    from comfyui_h3.backend.pipelines.seedvr2.request import COLOR_FIXES
+
+    assert COLOR_FIXES is colorfix.METHODS  # one declaration: the node's choices, the request's check, the methods
+    x = torch.rand(4, 3, 8, 8)
+    with pytest.raises(ValueError, match="Colour fix 'sepia' is not one of wavelet, adain, lab, none"):
+        colorfix._fix_frames(x, x, "sepia", False)
+    with pytest.raises(ValueError, match="Colour fix 'Lab' is not one of"):
+        colorfix.color_fix(x.permute(1, 0, 2, 3), x.permute(1, 0, 2, 3), "Lab")
 
 
 def test_images_become_uint8_rgb_frames_and_nan_is_refused():

@@ -100,7 +100,13 @@ def _fix_frames(x: torch.Tensor, ref: torch.Tensor, method: str, match_luminance
         return x - wavelet_low(x) + wavelet_low(ref)
     if method == "adain":
         return _adain(x, ref)
-    return _lab_fix(x, ref, match_luminance)
+    if method == "lab":
+        return _lab_fix(x, ref, match_luminance)
+    raise ValueError(unknown_method(method))
+
+
+def unknown_method(method) -> str:
+    return f"Colour fix {method!r} is not one of {', '.join(METHODS)}."
 
 
 def color_fix(x: torch.Tensor, ref: torch.Tensor, method: str = "wavelet", *, match_luminance: bool = False,
@@ -111,7 +117,7 @@ def color_fix(x: torch.Tensor, ref: torch.Tensor, method: str = "wavelet", *, ma
     chunk is moved to x's). match_luminance: "lab" only, also match L. Peak extra memory: one chunk (chunk_bytes,
     about 8 float32 frames' worth of temporaries per frame in the chunk, at least one frame)."""
     if method not in METHODS:
-        raise ValueError(f"colour fix {method!r} is not one of {', '.join(METHODS)}")
+        raise ValueError(unknown_method(method))
     if x.dim() != 4 or x.shape[0] != 3 or tuple(ref.shape) != tuple(x.shape):
         raise ValueError(f"colour fix needs x and ref of one shape [3, frames, H, W], got {tuple(x.shape)} and "
                          f"{tuple(ref.shape)}")
