@@ -26,11 +26,29 @@ def test_strip_frames_spread_over_the_clip():
     assert strip_frames(61, 1) == [0]
 
 
-def test_sheet_is_full_and_closest_to_square():
-    assert sheet_columns(4, 48, 84) == 2  # landscape 1344x768: 2 x 2
-    assert sheet_columns(4, 84, 48) == 2
-    assert sheet_columns(4, 10, 100) == 1  # a very wide frame: a column of frames
-    assert sheet_columns(3, 48, 84) == 1 and sheet_columns(3, 84, 8) == 3  # no empty cells
+@pytest.mark.parametrize("width,height", [(1344, 768), (96, 64), (128, 64), (192, 64), (64, 64), (768, 1344),
+                                          (64, 128), (64, 192), (1000, 40)])
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_sheet_keeps_the_clips_orientation(width, height, count):
+    """The live preview is laid out like the clip it previews: landscape frames make a landscape sheet, portrait ones
+    a portrait sheet (a 2:1 clip's 4 frames once came as a 1 x 4 portrait strip, 256x512 on the node); 4 frames
+    make 2 x 2, the clip's own aspect, as a KSampler preview has its image's."""
+    frame_h, frame_w = height // 16, width // 16  # the latent grid the sheet is drawn at
+    sheet = contact_sheet(torch.rand(count, frame_h, frame_w, 3))
+    sheet_h, sheet_w = sheet.shape[:2]
+    if width > height:
+        assert sheet_w > sheet_h, (width, height, count, tuple(sheet.shape))
+    elif width < height:
+        assert sheet_w < sheet_h, (width, height, count, tuple(sheet.shape))
+    if count == 4:
+        assert sheet_columns(4, frame_h, frame_w) == 2 and sheet_w * frame_h == sheet_h * frame_w
+
+
+def test_sheet_of_a_short_clip_leaves_its_empty_cell_black():
+    frames = torch.stack([torch.full((4, 7, 3), v) for v in (0.2, 0.6, 1.0)])  # 3 latent frames of a landscape clip
+    sheet = contact_sheet(frames)
+    assert tuple(sheet.shape) == (8, 14, 3)  # 2 x 2
+    assert sheet[0, 0, 0] == 51 and sheet[0, 7, 0] == 153 and sheet[4, 0, 0] == 255 and not sheet[4:, 7:].any()
 
 
 def test_rows_to_frames_inverts_patchify():

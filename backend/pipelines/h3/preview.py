@@ -11,7 +11,10 @@ Tensor contracts, stated once here:
 - StepPreview.capture: the clean estimate x0 = x_in + (1 - t) * v (the driver's own flow_step formula) of the
   target video rows of PREVIEW_FRAMES latent frames spread evenly over the clip (first and last included), only
   those rows; projected at the latent grid's resolution (1/16 of the pixels), each frame area-downscaled so its
-  longer side is at most FRAME_MAX_SIDE, laid out as a full contact sheet closest to square (reading order) -> uint8 [H, W, 3] numpy on the host (48 KB at the 10-s 1344x768 shape).
+  longer side is at most FRAME_MAX_SIDE, laid out in reading order on the grid whose shape is closest to one frame's
+  (sheet_columns: 4 frames make 2 x 2, so the sheet has the clip's own orientation and aspect, as a KSampler preview
+  has its image's; empty cells of a shorter clip are black) -> uint8 [H, W, 3] numpy on the host (48 KB at the 10-s
+  1344x768 shape).
 The cost per preview is a gather of ~4/T of the target rows, a 24 -> 3 matmul and a ~50 KB copy to the host;
 bench/preview_cost.py measures it against a DiT step.
 """
@@ -96,10 +99,19 @@ def strip_frames(latent_frames: int, count: int = PREVIEW_FRAMES) -> list[int]:
 
 
 def sheet_columns(count: int, height: int, width: int) -> int:
-    """Columns of a full contact sheet of `count` frames of height x width (a divisor of `count`) whose shape is
-    closest to square."""
-    return min((cols for cols in range(1, count + 1) if count % cols == 0),
-               key=lambda cols: abs(math.log(cols * width / (count // cols * height))))
+    """Columns of the contact sheet of `count` frames of height x width (rows: as many as the frames need): the grid
+    whose shape is closest to one frame's, so a landscape clip gets a landscape sheet and a portrait clip a portrait
+    one (a "closest to square" sheet stacked a 2:1 clip's 4 frames into a 1 x 4 portrait strip). Ties go to fewer
+    empty cells, then to the sheet that leans most the clip's way (a square clip's: wider)."""
+    aspect = width / height
+
+    def cost(cols: int) -> tuple:
+        rows = -(-count // cols)
+        sheet = cols * width / (rows * height)
+        lean = math.log(sheet) if aspect >= 1 else -math.log(sheet)
+        return round(abs(math.log(sheet / aspect)), 9), rows * cols - count, -lean
+
+    return min(range(1, max(count, 1) + 1), key=cost)
 
 
 def rows_to_frames(rows: torch.Tensor, frames: int, grid_h: int, grid_w: int, channels: int,
@@ -112,8 +124,8 @@ def rows_to_frames(rows: torch.Tensor, frames: int, grid_h: int, grid_w: int, ch
 
 
 def contact_sheet(rgb: torch.Tensor, max_side: int = FRAME_MAX_SIDE) -> torch.Tensor:
-    """Frames [n, H, W, 3] float 0..1 -> one uint8 image [rows * h, cols * w, 3] on the same device, each frame
-    area-downscaled to at most `max_side` px on its longer side."""
+    """Frames [n, H, W, 3] float 0..1 -> one uint8 image [rows * h, cols * w, 3] on the same device (sheet_columns'
+    grid), each frame area-downscaled to at most `max_side` px on its longer side."""
     n, height, width, _ = rgb.shape
     if max(height, width) > max_side:
         scale = max_side / max(height, width)
@@ -121,7 +133,9 @@ def contact_sheet(rgb: torch.Tensor, max_side: int = FRAME_MAX_SIDE) -> torch.Te
         rgb = torch.nn.functional.interpolate(rgb.permute(0, 3, 1, 2), size=size, mode="area").permute(0, 2, 3, 1)
         height, width = size
     cols = sheet_columns(n, height, width)
-    rows = n // cols
+    rows = -(-n // cols)
+    if rows * cols > n:  # a shorter clip's empty cells stay black
+        rgb = torch.cat([rgb, rgb.new_zeros((rows * cols - n, height, width, 3))])
     sheet = rgb.reshape(rows, cols, height, width, 3).permute(0, 2, 1, 3, 4).reshape(rows * height, cols * width, 3)
     return (sheet.clamp(0.0, 1.0) * 255.0).round().to(torch.uint8)
 
