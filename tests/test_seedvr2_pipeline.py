@@ -67,34 +67,67 @@ def test_stop_between_batches_keeps_the_final_frames(pipe, tmp_path):
 
     video = _video(21, 16, 24)
     path = next_free_path(str(tmp_path), "up", "mp4")
-    calls = []
-
-    def stop():
-        calls.append(1)
-        return len(calls) > 2  # asked before each batch: stop before the third
+    rate = 32000
+    sound = 0.1 * torch.sin(torch.arange(rate * 21 // 24) / 9.0).repeat(2, 1)  # the whole clip's sound (0.875 s)
+    done = []
 
     with pytest.raises(Cancelled) as info:
-        pipe.run(UpscaleRequest(video, scale=1.0, batch_frames=9, overlap=4, output_path=path,
-                                fps=Fraction(24)), should_stop=stop)
+        pipe.run(UpscaleRequest(video, scale=1.0, batch_frames=9, overlap=4, output_path=path, fps=Fraction(24),
+                                audio=sound, sample_rate=rate),
+                 on_step=lambda d, t: done.append(d), should_stop=lambda: len(done) >= 2)  # Stop after batch 2
     extra = info.value.extra
     assert extra["batches_done"] == 2 and 0 < extra["frames_done"] < 21
     import av
 
     with av.open(path) as f:
         assert sum(1 for _ in f.decode(video=0)) == extra["frames_done"]
+    with av.open(path) as f:  # the sound that plays under the kept frames, not the whole input's (as Extend's)
+        samples = sum(frame.samples for frame in f.decode(audio=0))
+    kept = extra["frames_done"] * rate / 24
+    assert abs(samples - kept) <= 2048, (samples, kept, sound.shape[1])  # AAC frames of 1024 samples, priming
 
 
-def test_streamed_file_has_every_frame(pipe, tmp_path):
-    import av
+def _counting(monkeypatch, obj, name, counter, label):
+    """Count calls of obj.name under counter[label] (an instance attribute wrapping the bound method)."""
+    inner = getattr(obj, name)
 
-    from comfyui_h3.backend.media.encode import next_free_path
+    def wrapped(*args, **kwargs):
+        counter[label] = counter.get(label, 0) + 1
+        return inner(*args, **kwargs)
 
-    path = next_free_path(str(tmp_path), "up", "mp4")
-    res = pipe.run(UpscaleRequest(_video(13, 16, 24), scale=2.0, batch_frames=9, overlap=4, output_path=path))
-    assert res.frames is None and res.path == path
-    with av.open(path) as f:
-        frames = [fr for fr in f.decode(video=0)]
-    assert len(frames) == 13 and (frames[0].width, frames[0].height) == (48, 32)
+    monkeypatch.setattr(obj, name, wrapped)
+
+
+def test_stop_reaches_the_stages_of_a_single_batch(pipe, monkeypatch):
+    """batch_frames 0 makes one batch of the whole clip: Stop is still asked inside it (between the VAE's time
+    slices, the DiT's blocks and the stages), so it ends the run where it was asked, not after the whole batch (the
+    worker's stop-timeout kill used to be the only way out)."""
+    video = _video(21, 16, 24)  # 21 frames: 5 encode slices, 6 latents (5 decode slices), one batch
+    layers = pipe.c.config.layers
+    asked = []
+    res = pipe.run(UpscaleRequest(video, scale=1.0), should_stop=lambda: asked.append(1) and False)
+    assert res.batches == 1
+    total = len(asked)
+    assert total >= 1 + 4 + layers + 4, total  # before the batch, between slices and before every block
+
+    counts: dict = {}
+    _counting(monkeypatch, pipe.c.dit, "_block", counts, "dit blocks")
+    _counting(monkeypatch, pipe.c.vae.encoder, "forward", counts, "encode slices")
+    _counting(monkeypatch, pipe.c.vae.decoder, "forward", counts, "decode slices")
+    seen = set()
+    for n in range(1, total):  # Stop at every point it is asked (after the first): the run ends right there
+        counts.clear()
+        asked.clear()
+        with pytest.raises(Cancelled, match="Stopped in batch 1/1") as info:
+            pipe.run(UpscaleRequest(video, scale=1.0), should_stop=lambda: asked.append(1) or len(asked) > n)
+        assert len(asked) == n + 1 and info.value.extra["frames_done"] == 0
+        assert sum(counts.values()) <= n, (n, counts)  # slices and blocks run before the Stop took: one per ask
+        seen.add(tuple(sorted(counts.items())))
+    encode_slices = max(dict(c).get("encode slices", 0) for c in seen)
+    assert encode_slices == 5
+    for stage, whole in (("encode slices", 5), ("dit blocks", layers), ("decode slices", 5)):
+        partway = {dict(c).get(stage, 0) for c in seen} & set(range(1, whole))
+        assert partway == set(range(1, whole)), (stage, seen)  # stopped after each slice / block of each stage
 
 
 @pytest.mark.parametrize("bad, match", [

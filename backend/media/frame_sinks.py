@@ -4,7 +4,15 @@ uint8 on the device, pinned double buffers, an encoder thread, published complet
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+def audio_under(wave: torch.Tensor, frames: int, sample_rate: int, fps) -> torch.Tensor:
+    """The samples of `wave` [C, S] that play under the first `frames` frames at `fps` (an int or a Fraction; rounded
+    up to a whole sample): a soundtrack cut to the video kept (a stopped run's partial, a locked waveform)."""
+    return wave[:, :math.ceil(frames * sample_rate / fps)]
 
 
 class MemorySink:

@@ -331,11 +331,13 @@ class SeedVR2DiT(nn.Module):
         routing: Optional[WindowRouting] = None,
         attention: Any = None,
         plan: Any = None,
+        check: Optional[Callable[[], None]] = None,
     ) -> Optional[torch.Tensor]:
         """vid [T, H, W, vid_in_channels], txt [L_txt, txt_dim], timestep -> velocity [T, H, W, vid_out_channels]
         (None on non-driver ranks of a routed run). ``routing`` defaults to LocalRouting over the token grid;
         ``attention`` is an attention backend (fn(q, k, v, plan=None), registry "sdpa" by default), called once
-        per window-shape group per layer; ``plan`` is passed through to it."""
+        per window-shape group per layer; ``plan`` is passed through to it; ``check`` is called before every block (a
+        Stop check that raises; with several ranks every rank must call it alike)."""
         cfg = self.config
         if txt.dim() != 2 or txt.shape[1] != cfg.txt_dim:
             raise ValueError(f"SeedVR2 DiT text has shape {tuple(txt.shape)}; expected [L_txt, {cfg.txt_dim}]")
@@ -348,6 +350,8 @@ class SeedVR2DiT(nn.Module):
         t = self.txt_in(txt.to(dtype))
         e = self.emb_in(timestep, dtype, vid.device).view(cfg.dim, 2, 3)
         for i in range(cfg.layers):
+            if check is not None:
+                check()
             t = self._block(i, x, t, e, routing.rows(i), routing, attention, plan, txt.shape[0])
             if i < cfg.layers - 1:
                 x = routing.advance(x, i)

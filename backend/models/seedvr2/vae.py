@@ -27,7 +27,7 @@ resolution are about half of it); encode of 9 frames (5 + 4) 2.4 s, +28 GiB. A l
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -179,9 +179,12 @@ def time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
         yield a, min(total, a + step)
 
 
-def _run_sliced(module: nn.Module, x: torch.Tensor, step: Optional[int], chunk_bytes: int) -> Iterator[torch.Tensor]:
+def _run_sliced(module: nn.Module, x: torch.Tensor, step: Optional[int], chunk_bytes: int,
+                check: Optional[Callable[[], None]] = None) -> Iterator[torch.Tensor]:
     stream = CausalStream(chunk_bytes)
     for a, b in time_slices(x.shape[2], step):
+        if check is not None and a:  # between slices: a Stop (the callable raises) need not wait for the whole clip
+            check()
         stream.keep = b < x.shape[2]
         yield module(x[:, :, a:b], stream)
         stream.first = False
@@ -200,12 +203,13 @@ class SeedVR2VAE(nn.Module):
         return self.encoder.conv_in.weight.dtype
 
     @torch.no_grad()
-    def encode(self, video: torch.Tensor, slice_frames: Optional[int] = 4,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, video: torch.Tensor, slice_frames: Optional[int] = 4, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               check: Optional[Callable[[], None]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """video [B, 3, F, H, W] in [-1, 1], F = 1 + 4n -> (mean, logvar), each [B, 16, 1 + n, H // 8, W // 8],
         unscaled; logvar clamped to [-30, 20]. H, W not multiples of 8 are accepted as the official does (each
         stride-2 conv floors), so a caller that wants the whole frame back pads to multiples of 8 first.
-        ``slice_frames``: frames per time slice after the first (a positive multiple of 4), None for one slice."""
+        ``slice_frames``: frames per time slice after the first (a positive multiple of 4), None for one slice;
+        ``check``: called between time slices (a Stop check that raises)."""
         cfg = self.config
         tf = cfg.temporal_factor
         if video.ndim != 5 or video.shape[1] != cfg.in_channels or (video.shape[2] - 1) % tf:
@@ -214,15 +218,16 @@ class SeedVR2VAE(nn.Module):
         if slice_frames is not None and (slice_frames <= 0 or slice_frames % tf):
             raise ValueError(f"slice_frames must be a positive multiple of {tf} (or None), got {slice_frames}")
         x = video.to(self._dtype())
-        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes)), 2)
+        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes, check)), 2)
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(*LOGVAR_RANGE)
 
     @torch.no_grad()
-    def decode(self, z: torch.Tensor, slice_latents: Optional[int] = 1,
-               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> torch.Tensor:
+    def decode(self, z: torch.Tensor, slice_latents: Optional[int] = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               check: Optional[Callable[[], None]] = None) -> torch.Tensor:
         """z [B, 16, T, h, w] (unscaled) -> video [B, 3, 4T - 3, 8h, 8w], about [-1, 1] (not clamped).
-        ``slice_latents``: latent frames per time slice after the first (>= 1), None for one slice."""
+        ``slice_latents``: latent frames per time slice after the first (>= 1), None for one slice; ``check``: as
+        encode's."""
         cfg = self.config
         if z.ndim != 5 or z.shape[1] != cfg.latent_channels or z.shape[2] < 1:
             raise ValueError(f"SeedVR2 VAE decode needs latents [B, {cfg.latent_channels}, T >= 1, h, w], "
@@ -233,7 +238,7 @@ class SeedVR2VAE(nn.Module):
         s, tf = cfg.spatial_factor, cfg.temporal_factor
         out = None
         pos = 0
-        for y in _run_sliced(self.decoder, z.to(self._dtype()), slice_latents, chunk_bytes):
+        for y in _run_sliced(self.decoder, z.to(self._dtype()), slice_latents, chunk_bytes, check):
             if out is None:
                 out = y.new_empty(b, cfg.out_channels, tf * (t - 1) + 1, h * s, w * s)
             out[:, :, pos:pos + y.shape[2]] = y

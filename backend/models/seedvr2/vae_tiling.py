@@ -38,7 +38,7 @@ encode: C channels at the latent grid). Time: ``frame_stats`` runs the tiled par
 from __future__ import annotations
 
 import math
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -257,7 +257,7 @@ def _plan(h: int, w: int, tile: int, overlap: Optional[int], factor: int) -> Tup
 @torch.no_grad()
 def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = None, slice_frames: Optional[int] = 4,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, frame_stats: bool = True, ramp: float = RAMP,
-                 force: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                 force: bool = False, check: Optional[Callable[[], None]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """`vae.encode` of video [B, 3, F, H, W] (F = 4n+1; H, W multiples of 8) with the blocks above the latent grid
     run in tiles of at most `tile` x `tile` pixels sharing `overlap` (default: default_overlap(tile)); `frame_stats`:
     their GroupNorms use frame statistics from a first pass (see the module docstring). Same (mean, logvar) shapes
@@ -275,7 +275,7 @@ def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = N
     h, w = hh // f, ww // f
     rows, cols = _plan(h, w, tile, overlap, f)
     if len(rows) == len(cols) == 1 and not force:
-        return vae.encode(video, slice_frames, chunk_bytes)
+        return vae.encode(video, slice_frames, chunk_bytes, check)
     dtype = vae._dtype()
     t = (frames - 1) // tf + 1
     feats = torch.empty((b, cfg.block_channels[-2], t, h, w), dtype=dtype, device=video.device)
@@ -285,6 +285,8 @@ def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = N
         blend = None if collect else _RowBlender(feats, rows, cols, 1, ramp)
         for i, (r0, r1) in enumerate(rows):
             for j, (c0, c1) in enumerate(cols):
+                if check is not None:  # between tiles (`check`: a Stop check that raises)
+                    check()
                 weight = blend.weight(i, j) if blend is not None else None
                 part = video[:, :, :, r0 * f:r1 * f, c0 * f:c1 * f]
                 lat = 0
@@ -310,7 +312,7 @@ def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = N
 @torch.no_grad()
 def tiled_decode(vae, z: torch.Tensor, tile: int, overlap: Optional[int] = None, slice_latents: Optional[int] = 1,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, frame_stats: bool = True, ramp: float = RAMP,
-                 force: bool = False) -> torch.Tensor:
+                 force: bool = False, check: Optional[Callable[[], None]] = None) -> torch.Tensor:
     """`vae.decode` of latents z [B, 16, T, h, w] with the blocks above the latent grid run in tiles of at most
     `tile` x `tile` output pixels sharing `overlap` (default: default_overlap(tile)), blended per output pixel;
     `frame_stats`: their GroupNorms use frame statistics from a first pass (see the module docstring). Same shape and
@@ -325,7 +327,7 @@ def tiled_decode(vae, z: torch.Tensor, tile: int, overlap: Optional[int] = None,
     b, _, t, h, w = z.shape
     rows, cols = _plan(h, w, tile, overlap, f)
     if len(rows) == len(cols) == 1 and not force:
-        return vae.decode(z, slice_latents, chunk_bytes)
+        return vae.decode(z, slice_latents, chunk_bytes, check)
     z = z.to(vae._dtype())
     feats = None
     for a, e, stream in _sliced(t, slice_latents, chunk_bytes):
@@ -343,6 +345,8 @@ def tiled_decode(vae, z: torch.Tensor, tile: int, overlap: Optional[int] = None,
         blend = None if collect else _RowBlender(out, rows, cols, f, ramp)
         for i, (r0, r1) in enumerate(rows):
             for j, (c0, c1) in enumerate(cols):
+                if check is not None:  # between tiles (`check`: a Stop check that raises)
+                    check()
                 weight = blend.weight(i, j) if blend is not None else None
                 pos = 0
                 for a, e, stream in _sliced(t, slice_latents, chunk_bytes):

@@ -6,10 +6,9 @@ media/frame_sinks.py."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ...media.frame_sinks import audio_under
 from .geometry import FPS
 from .stream_decode import StreamingAudioDecoder, StreamingVideoDecoder
 
@@ -45,7 +44,7 @@ class ExtensionOutput:
             if wave.shape[1]:
                 self.sink.write_audio(wave, self.rate)
         else:
-            self.sink.write_audio(self.locked_wave[:, :math.ceil(self.frames * self.rate / FPS)], self.rate)
+            self.sink.write_audio(audio_under(self.locked_wave, self.frames, self.rate, FPS), self.rate)
         self.sink.close()
         return self.frames
 

@@ -2,7 +2,9 @@
 should_stop)`). A video is restored in batches of frames (batches.py; the batch size checked against the device's
 free memory before any work, memory.py); each batch is one restoration step (restore.py); batches are cross-faded
 where they overlap and each frame goes to the sink (a streamed MP4 or host memory) as soon as it is final. Progress
-is per batch; Stop is honoured between batches (every rank agrees), keeping the frames already final."""
+is per batch; Stop is honoured between batches and inside one (restore.py: at its stage borders, between the DiT's
+blocks and, on one rank, between the VAE's time slices), every rank agreeing, keeping the frames already final with
+the input's sound cut to them."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import torch
 
 from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
-from ...media.frame_sinks import FileSink, MemorySink
+from ...media.frame_sinks import FileSink, MemorySink, audio_under
 from .batches import StreamBlender, plan_batches
 from .memory import check_fits
 from .preprocess import plan_geometry
@@ -80,8 +82,6 @@ class SeedVR2Pipeline:
                 enc = req.encode_options
                 sink = FileSink(req.output_path, out_w, out_h, req.fps, self.c.device, req.sample_rate,
                                 enc.get("crf", 19), enc.get("preset", "medium"), enc.get("metadata", {}))
-                if req.audio is not None:
-                    sink.write_audio(req.audio, req.sample_rate)
             else:
                 sink = MemorySink()
             blender = StreamBlender(plan)
@@ -89,15 +89,19 @@ class SeedVR2Pipeline:
         timings: dict = {"batches": plan.count, "batch_frames": plan.batch}
         done = 0
         batch_s = []
+
+        def check(k: int) -> None:  # every rank asks at the same points, so all of them stop there or none does
+            if p.any(should_stop is not None and should_stop()):
+                raise Cancelled(f"Stopped in batch {k + 1}/{plan.count}.")
+
         try:
             for k, (start, stop) in enumerate(plan.spans):
                 tb = time.perf_counter()
-                if p.any(should_stop is not None and should_stop()):
-                    raise Cancelled(f"Stopped before batch {k + 1}/{plan.count}.")
+                check(k)
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
                                        batch_generator(req.seed, k), p, routing_for,
                                        self.runtime.attention, timings if req.timings else None,
-                                       vae_tile=req.vae_tile)
+                                       vae_tile=req.vae_tile, check=lambda k=k: check(k))
                 if blender is not None:
                     for chunk in blender.push(frames):
                         sink.write(chunk)
@@ -106,7 +110,7 @@ class SeedVR2Pipeline:
                 if on_step is not None:
                     on_step(done, plan.count)
         except Cancelled as exc:
-            exc.extra = self._finish_partial(sink, blender, done, plan.count)
+            exc.extra = self._finish_partial(req, sink, blender, done, plan.count)
             raise
         except BaseException:
             if sink is not None:
@@ -117,6 +121,8 @@ class SeedVR2Pipeline:
             timings["peak_device_mb"] = torch.cuda.max_memory_allocated(self.c.device) / 2**20
         frames = None
         if sink is not None:
+            if req.audio is not None and isinstance(sink, FileSink):
+                sink.write_audio(req.audio, req.sample_rate)  # the input's sound, unchanged
             with recorder.stage("encode_save_s"):  # the streamed file's tail (the rest overlaps the batches)
                 sink.close()
             if isinstance(sink, MemorySink):
@@ -142,12 +148,15 @@ class SeedVR2Pipeline:
         return m
 
     @staticmethod
-    def _finish_partial(sink, blender, done: int, planned: int) -> dict:
-        """On Stop: publish the frames already final (a file with them, or none when nothing finished)."""
+    def _finish_partial(req: UpscaleRequest, sink, blender, done: int, planned: int) -> dict:
+        """On Stop: publish the frames already final (a file with them and the sound that plays under them, or none
+        when nothing finished)."""
         if sink is None:
             return {}
         emitted = blender.emitted if blender is not None else 0
         if emitted and not isinstance(sink, MemorySink):
+            if req.audio is not None:
+                sink.write_audio(audio_under(req.audio, emitted, req.sample_rate, req.fps), req.sample_rate)
             sink.close()
         else:
             sink.abort()

@@ -43,11 +43,15 @@ def _given(noise: torch.Tensor, shape, what: str) -> torch.Tensor:
 
 
 def sample_condition(vae, video: torch.Tensor, generator: torch.Generator,
-                     eps: torch.Tensor | None = None, vae_tile: int = 0) -> torch.Tensor:
+                     eps: torch.Tensor | None = None, vae_tile: int = 0, check=None) -> torch.Tensor:
     """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale.
     `eps`: the posterior's standard normal draw [1, 16, T, h, w] to use instead of drawing it from `generator`;
-    `vae_tile`: encode in tiles of at most this many pixels (0: whole frames)."""
-    mean, logvar = tiled_encode(vae, video[None], vae_tile) if vae_tile else vae.encode(video[None])
+    `vae_tile`: encode in tiles of at most this many pixels (0: whole frames); `check`: the Stop check between the
+    VAE's time slices (and tiles)."""
+    if vae_tile:
+        mean, logvar = tiled_encode(vae, video[None], vae_tile, check=check)
+    else:
+        mean, logvar = vae.encode(video[None], check=check)
     if eps is None:
         eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32)
     eps = _given(eps, mean.shape, "posterior").to(mean.device)
@@ -71,7 +75,7 @@ def _stage(timings: dict | None, name: str, device: torch.device):
 
 
 def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.Generator, routing_for, attention,
-              timings: dict | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+              timings: dict | None, check=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The one DiT step on condition [T, h, w, 16]: (x_T on the device, drawn after the posterior eps unless given;
     the velocity [T, h, w, 16], None off the driver of a routed run)."""
     t_lat, h, w = cond.shape[:3]
@@ -81,38 +85,46 @@ def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.
     model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
     routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
     with _stage(timings, "dit_s", c.device):
-        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention)
+        velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention, check=check)
     return x_t, velocity
 
 
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
                   parallel, routing_for=None, attention=None, timings: dict | None = None,
-                  noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int = 0) -> torch.Tensor | None:
+                  noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int = 0,
+                  check=None) -> torch.Tensor | None:
     """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
     `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
     runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
     (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
-    tiles of at most this many pixels (one rank; 0: whole frames)."""
+    tiles of at most this many pixels (one rank; 0: whole frames). `check()`: the Stop check (raises Cancelled; with
+    several ranks it agrees over all of them), asked at every stage border and between the DiT's blocks, on one rank
+    also between the VAE's time slices and tiles (the ranks' VAE passes exchange frames slice by slice: a rank
+    leaving there would strand its neighbours), so a batch of the whole clip stops within a slice or a block."""
     if parallel.is_parallel:
         if vae_tile:  # the pipeline refuses it first, as a request error
             raise ValueError(f"a VAE tile runs on one rank; this restore runs on {parallel.world}")
         return _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention,
-                                 timings, noise)
+                                 timings, noise, check or _no_check)
     dev = c.device
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
         video = prepare_video(frames, geometry, dtype=c.vae_dtype, device=dev)  # [3, F', H', W'] in [-1, 1]
     eps, x_t = noise if noise is not None else (None, None)
+    check = check or _no_check
+    check()
     with _stage(timings, "encode_s", dev):
-        cond = sample_condition(c.vae, video, generator, eps, vae_tile)
-    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings)
+        cond = sample_condition(c.vae, video, generator, eps, vae_tile, check)
+    check()
+    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings, check)
     del cond
+    check()
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     with _stage(timings, "decode_s", dev):
-        z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)
-        decoded = (tiled_decode(c.vae, z, vae_tile) if vae_tile else c.vae.decode(z))[0]  # [3, F', H', W']
+        z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)  # decoded below: [3, F', H', W']
+        decoded = (tiled_decode(c.vae, z, vae_tile, check=check) if vae_tile else c.vae.decode(z, check=check))[0]
         del z
     del x0
     # Colour fix and quantisation per chunk of frames in float32 (a bf16 result would step by ~1 level of 255).
@@ -127,7 +139,12 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     return out
 
 
-def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention, timings, noise):
+def _no_check() -> None:
+    pass
+
+
+def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention, timings, noise,
+                      check):
     """restore_batch over the ranks of `parallel` (the module docstring): the same numbers as one rank (the VAE's
     slices, the posterior sample, the colour fix and the quantisation are per slice or per element; only the DiT's
     text sums run in another order)."""
@@ -144,6 +161,7 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
     dec = vae_shard.decode_plan(t_lat, parallel.world)
     assert dec.out_spans == enc.spans  # a rank decodes the frames it encoded: its input frames serve the colour fix
     mine = enc.slices_of(parallel.rank)
+    check()
     with _stage(timings, "prepare_s", dev):  # this rank's model frames only (frames past the end: the last one)
         refs = {j: prepare_frames(frames[torch.arange(*enc.spans[j]).clamp_(max=n - 1)], geometry, dtype=c.vae_dtype,
                                   device=dev) for j in mine}
@@ -156,7 +174,8 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
         empty = torch.empty((0, h, w, 16), dtype=torch.float32, device=dev)
         cond = vae_shard.gather_pieces(parallel, enc, [b - a for a, b in enc.out_spans], latents, empty, to_all=True)
         del latents
-    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings)
+    check()
+    x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings, check)
     del cond
     with _stage(timings, "dit_s", dev):
         if parallel.is_driver:
@@ -164,6 +183,7 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
         else:
             velocity = torch.empty((t_lat, h, w, 16), dtype=c.dtype, device=dev)
         parallel.broadcast_from_driver(velocity)  # every rank decodes its own slices of x0
+    check()
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
     z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)
