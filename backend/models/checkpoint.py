@@ -157,9 +157,11 @@ def load_into(
 ) -> None:
     """Load a component folder into `module` strictly, assigning tensors (works on a meta-device module).
 
-    `dtype_for(key, stored_dtype)` picks each tensor's dtype (default: as stored)."""
+    `dtype_for(key, stored_dtype)` picks each tensor's dtype (default: as stored). Tensors holding NaN / Inf are a
+    CheckpointError naming the shard (checked where they loaded, one sync at the end)."""
     expected = {k: v for k, v in module.state_dict().items()}
     seen: set[str] = set()
+    finite = FiniteCheck(folder)
     for shard, listed in find_shards(folder).items():
         with reading(shard), safe_open(str(shard), framework="pt", device=str(device)) as handle:
             keys = list(handle.keys())
@@ -180,14 +182,94 @@ def load_into(
                     raise CheckpointError(
                         f"{shard}: {key} has shape {tuple(tensor.shape)}, the model expects {tuple(want.shape)}"
                     )
+                if want.is_floating_point() and not tensor.is_floating_point():  # a cast would invent the values
+                    raise CheckpointError(
+                        f"{shard}: {key} is stored as {str(tensor.dtype).replace('torch.', '')}, the model's tensor "
+                        f"is floating point (an integer-quantised or damaged file): only float weights are loaded."
+                    )
                 if dtype_for is not None:
                     tensor = tensor.to(dtype_for(key, tensor.dtype))
-                state[key] = aligned(tensor)
+                state[key] = finite.add(key, aligned(tensor))
                 seen.add(key)
             module.load_state_dict(state, strict=False, assign=True)
     missing = set(expected) - seen
     if missing:
         raise CheckpointError(f"{folder} is missing weights: {_first(missing)}")
+    finite.verify()
+
+
+#: Elements per chunk of the finiteness check: bounds its temporaries (a bool per element) for 260M-param tensors.
+_FINITE_CHUNK = 1 << 26
+
+
+def _all_finite(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool on the tensor's device (no sync): no NaN / Inf in it. FP8 is widened to float16 per chunk
+    (isfinite has no FP8 kernel; every FP8 value, NaN included, is exact in float16)."""
+    flat = tensor.detach().reshape(-1)
+    flags = []
+    for chunk in flat.split(_FINITE_CHUNK):
+        if chunk.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            chunk = chunk.to(torch.float16)
+        flags.append(torch.isfinite(chunk).all())
+    return torch.stack(flags).all() if len(flags) != 1 else flags[0]
+
+
+class FiniteCheck:
+    """Collects, tensor by tensor as a load goes, whether each floating tensor is free of NaN / Inf, on the tensor's
+    own device and without a sync per tensor; :meth:`verify` syncs once per device and raises a CheckpointError
+    naming `source` and the first bad keys. A file full of NaN loads without any other error and makes black video:
+    every weight loader runs its tensors through this (the cost is one read of the weights where they are)."""
+
+    def __init__(self, source: str | os.PathLike):
+        self.source = Path(source)
+        self._keys: list[str] = []
+        self._flags: list[torch.Tensor] = []
+
+    def add(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_floating_point() and tensor.numel() and tensor.device.type != "meta":
+            self._keys.append(key)
+            self._flags.append(_all_finite(tensor))
+        return tensor
+
+    def verify(self) -> None:
+        if not self._flags:
+            return
+        by_device: dict[torch.device, list[int]] = {}
+        for i, flag in enumerate(self._flags):
+            by_device.setdefault(flag.device, []).append(i)
+        ok = [True] * len(self._flags)
+        for indices in by_device.values():
+            for i, good in zip(indices, torch.stack([self._flags[i] for i in indices]).tolist()):
+                ok[i] = bool(good)
+        bad = [key for key, good in zip(self._keys, ok) if not good]
+        self._keys, self._flags = [], []
+        if bad:
+            raise CheckpointError(f"{_holder(self.source, bad)} holds NaN or infinite values in {len(bad)} tensor(s): "
+                                  f"{_first(bad)}; the weights are damaged (download the file again).")
+
+
+def check_finite(tensors: Mapping[str, torch.Tensor] | torch.nn.Module | Iterable[tuple[str, torch.Tensor]],
+                 source: str | os.PathLike) -> None:
+    """CheckpointError naming `source` (a file, or a model folder: then the shard holding the first bad key) and the
+    first keys whose tensors hold NaN or Inf; `tensors`: a module (its state dict), a mapping or (key, tensor) pairs."""
+    if isinstance(tensors, torch.nn.Module):
+        tensors = tensors.state_dict(keep_vars=True)
+    check = FiniteCheck(source)
+    for key, tensor in (tensors.items() if isinstance(tensors, Mapping) else tensors):
+        check.add(key, tensor)
+    check.verify()
+
+
+def _holder(source: Path, keys: Sequence[str]) -> Path:
+    """The weight file of a model folder that holds the first of `keys` (the folder itself when none can be told)."""
+    if not source.is_dir():
+        return source
+    try:
+        stored = stored_shapes(source)
+    except CheckpointError:
+        return source
+    first = next((stored[k][0] for k in sorted(keys) if k in stored), None)
+    return first or source
 
 
 def read_json(path: str | os.PathLike) -> dict:

@@ -27,7 +27,7 @@ from typing import Mapping
 import torch
 from safetensors import safe_open
 
-from .checkpoint import CheckpointError, _first, reading
+from .checkpoint import CheckpointError, FiniteCheck, _first, reading
 
 FORMAT = "fastvideo-lora-v2"  # the safetensors metadata `format` of FastVideo's adapter files
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -102,9 +102,14 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     with reading(file), safe_open(str(file), framework="pt", device="cpu") as handle:
         metadata = dict(handle.metadata() or {})
         shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+        stored = {key: handle.get_slice(key).get_dtype() for key in handle.keys()}
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{file} is not a FastH3 adapter: its metadata format is {metadata.get('format')!r}, "
                               f"expected {FORMAT!r} (FastVideo's release, e.g. vsa-datafree/{ADAPTER_FILE}).")
+    not_float = [f"{k} ({v})" for k, v in sorted(stored.items()) if v not in ("F64", "F32", "F16", "BF16")]
+    if not_float:  # a cast to float would invent the deltas
+        raise CheckpointError(f"{file} stores adapter tensors as non-float types: {_first(not_float, 3)}; FastH3 "
+                              "adapters are bf16 / fp16 / fp32 (a damaged file?).")
     targets: dict[str, dict[str, str]] = {}
     unknown = []
     for key in shapes:
@@ -190,19 +195,20 @@ def fuse_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
     """Apply the adapter to a loaded H3Transformer in place (before fuse_projections / FP8), gates included."""
     params = dict(model.named_parameters())
     check_adapter(adapter, {k: tuple(v.shape) for k, v in params.items()}, len(model.transformer_blocks))
+    finite = FiniteCheck(adapter.path)  # a NaN adapter would load and make black video: checked on the device
     with reading(adapter.path), safe_open(str(adapter.path), framework="pt", device="cpu") as handle:
         for target, ops in sorted(adapter.targets.items()):
             gate = GATE.fullmatch(target)
             if gate is not None and target not in params:
                 attn = model.transformer_blocks[int(gate.group(1))].attn
-                weight = handle.get_tensor(ops["set"])
-                attn.add_gate(weight.to(attn.to_q.weight.device, attn.to_q.weight.dtype))
+                weight = handle.get_tensor(ops["set"]).to(attn.to_q.weight.device, attn.to_q.weight.dtype)
+                attn.add_gate(finite.add(ops["set"], weight))
                 continue
             param = params[target]
             if "set" in ops and len(ops) == 1:
-                param.copy_(handle.get_tensor(ops["set"]).to(param.device, param.dtype))
+                param.copy_(finite.add(ops["set"], handle.get_tensor(ops["set"]).to(param.device, param.dtype)))
                 continue
-            part = {op: handle.get_tensor(key).to(param.device).float() for op, key in ops.items()}
+            part = {op: finite.add(key, handle.get_tensor(key).to(param.device).float()) for op, key in ops.items()}
             w = param.float()
             if "lora_A" in part:
                 w = w + part["lora_B"] @ part["lora_A"]
@@ -211,5 +217,6 @@ def fuse_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
                     w = w + part[op]
             w = part.get("set", w)  # assigned last, as the release's reconstruction states
             param.copy_(w.to(param.dtype))
+    finite.verify()
     model.vsa_gates = adapter.has_gates
     logging.getLogger(__name__).info("FastH3 student fused: %s", adapter.describe())

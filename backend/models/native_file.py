@@ -57,21 +57,10 @@ class NativeFile:
 
     # -- quantisation --------------------------------------------------------------------------------------------------
     def _read_quantisation(self, full: dict[str, str]) -> None:
-        layers: dict[str, dict] = {}
-        if "_quantization_metadata" in self.metadata:
-            try:
-                layers = dict(json.loads(self.metadata["_quantization_metadata"]).get("layers", {}))
-            except (ValueError, AttributeError) as exc:
-                raise CheckpointError(f"{self.path}: unreadable _quantization_metadata in its header ({exc}).")
+        layers = self._header_layers()
         for key in full:
             if key.endswith(".comfy_quant"):
-                layer = key[: -len(".comfy_quant")]
-                with reading(self.path):
-                    raw = self._handle.get_tensor(full[key])
-                try:
-                    layers[layer] = json.loads(bytes(raw.to(torch.uint8).tolist()).decode("utf-8"))
-                except (ValueError, UnicodeDecodeError) as exc:
-                    raise CheckpointError(f"{self.path}: {key} is not the JSON ComfyUI writes there ({exc}).")
+                layers[key[: -len(".comfy_quant")]] = self._layer_conf(key, full[key])
         legacy = "scaled_fp8" in full
         for key in full:
             for suffix in _SCALE_SUFFIXES:
@@ -81,7 +70,10 @@ class NativeFile:
                         layers[layer] = {"format": "float8_e4m3fn"}
                     self.scales[layer + ".weight"] = key
         for layer, conf in layers.items():
-            fmt = conf.get("format") if isinstance(conf, dict) else None
+            fmt = conf.get("format")
+            if not isinstance(fmt, str):  # ComfyUI's loader fails on such a layer too
+                raise CheckpointError(f"{self.path}: the quantisation of layer {layer} names no format (its entry is "
+                                      f"{json.dumps(conf)[:60]}): a damaged or crafted header.")
             if fmt not in FP8_FORMATS:
                 self.unsupported = self.unsupported or (
                     f"{self.path} is quantised as {fmt!r} (layer {layer}): only bf16/fp16/fp32 and FP8 "
@@ -92,6 +84,62 @@ class NativeFile:
         for weight, scale in self.scales.items():
             if weight not in self.formats and not self.unsupported:
                 raise CheckpointError(f"{self.path}: {scale} scales a layer its quantisation metadata does not name.")
+        self._check_stored_types(full, scaled=legacy or bool(layers))
+
+    def _check_stored_types(self, full: dict[str, str], scaled: bool) -> None:
+        """Every weight is stored as a float, or as FP8 its format names; in a scaled file (a `scaled_fp8` marker, or
+        per-layer formats) every FP8 weight has its scale: FP8 values mean nothing without it, and a plain cast of
+        an int8 weight invents values. Otherwise the file is unsupported (raised when it is loaded: it is listed)."""
+        aux = {k for k in full if k == "scaled_fp8" or k.endswith(_SCALE_SUFFIXES + _IGNORED_SUFFIXES)}
+        not_float, unscaled = [], []
+        for key in sorted(set(full) - aux):
+            stored = self._handle.get_slice(full[key]).get_dtype()
+            fp8 = stored in ("F8_E4M3", "F8_E5M2") or (stored == "U8" and key in self.formats)
+            if not fp8 and stored not in _FLOAT_STORAGE:
+                not_float.append(f"{key} ({stored})")
+            elif fp8 and scaled and key not in self.scales:
+                unscaled.append(key)
+        if not_float:
+            self.unsupported = self.unsupported or (
+                f"{self.path} stores weights as non-float types: {_first(not_float, 3)} (an integer quantisation "
+                f"without ComfyUI's format metadata, or a damaged file): only bf16/fp16/fp32 and FP8 native files "
+                f"can be read; pick the bf16 or fp8_scaled file of this model.")
+        elif unscaled:
+            self.unsupported = self.unsupported or (
+                f"{self.path} is a scaled FP8 file whose FP8 weights lack their scale tensors (.weight_scale / "
+                f".scale_weight): {_first(unscaled, 3)}; a partial or damaged file (download it again).")
+
+    def _header_layers(self) -> dict[str, dict]:
+        """The header's `_quantization_metadata`: {"layers": {layer: {"format": ...}}}; anything else there is a
+        CheckpointError naming the file (a crafted header must not get further than that)."""
+        raw = self.metadata.get("_quantization_metadata")
+        if raw is None:
+            return {}
+        try:
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise CheckpointError(f"{self.path}: unreadable _quantization_metadata in its header "
+                                  f"({type(exc).__name__}).") from None
+        layers = parsed.get("layers", {}) if isinstance(parsed, dict) else None
+        if not isinstance(layers, dict) or not all(isinstance(v, dict) for v in layers.values()):
+            raise CheckpointError(f"{self.path}: the _quantization_metadata in its header is not ComfyUI's "
+                                  f"{{\"layers\": {{layer: {{\"format\": ...}}}}}} (it starts {raw[:60]!r}).")
+        return dict(layers)
+
+    def _layer_conf(self, key: str, stored: str) -> dict:
+        """A `<layer>.comfy_quant` tensor: the UTF-8 bytes of a JSON object, {"format": ...}."""
+        with reading(self.path):
+            raw = self._handle.get_tensor(stored)
+        try:
+            if raw.dtype not in (torch.uint8, torch.int8) or raw.ndim != 1:
+                raise ValueError(f"a {raw.ndim}-D {raw.dtype} tensor")
+            conf = json.loads(raw.view(torch.uint8).numpy().tobytes().decode("utf-8"))
+            if not isinstance(conf, dict):
+                raise ValueError(f"JSON {type(conf).__name__}")
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise CheckpointError(f"{self.path}: {key} is not the JSON object ComfyUI writes there "
+                                  f"({type(exc).__name__}: {str(exc)[:80]}).") from None
+        return conf
 
     def require_supported(self) -> None:
         """Raise the CheckpointError of a quantisation this reader cannot dequantise (int8, nvfp4, ...)."""
@@ -130,8 +178,9 @@ class NativeFile:
             value = tensor.to(torch.float32)
             if key in self.scales:
                 with reading(self.path):
-                    scale = self._handle.get_tensor(self._full[self.scales[key]]).to(device, torch.float32)
-                value = value * _broadcast_scale(self.path, key, scale, value)
+                    scale = self._handle.get_tensor(self._full[self.scales[key]]).to(device)
+                value = value * _broadcast_scale(self.path, key, _checked_scale(self.path, self.scales[key], scale),
+                                                 value)
             return aligned(value.to(dtype or torch.bfloat16))
         return aligned(tensor if dtype is None else tensor.to(dtype))
 
@@ -145,9 +194,24 @@ class NativeFile:
         self.close()
 
 
+_FLOAT_STORAGE = ("F64", "F32", "F16", "BF16")
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8,
                        "I8": torch.int8, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool}
+
+
+def _checked_scale(path: Path, key: str, scale: torch.Tensor) -> torch.Tensor:
+    """A dequantisation scale as float32: stored as a float, every value finite and above 0 (a 0 or NaN scale
+    zeroes or poisons its whole layer without any other error)."""
+    if not scale.is_floating_point():
+        raise CheckpointError(f"{path}: the scale {key} is stored as {str(scale.dtype).replace('torch.', '')}; "
+                              "scales are floats (a damaged file?).")
+    scale = scale.to(torch.float32)
+    if not bool((torch.isfinite(scale) & (scale > 0)).all()):
+        bad = scale.reshape(-1)[~(torch.isfinite(scale) & (scale > 0)).reshape(-1)][:3].tolist()
+        raise CheckpointError(f"{path}: the scale {key} holds {', '.join(f'{v:g}' for v in bad)}; an FP8 scale is a "
+                              "finite number above 0 (a damaged file: download it again).")
+    return scale
 
 
 def _broadcast_scale(path: Path, key: str, scale: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from .checkpoint import CheckpointError, _first, aligned, meta_shapes, reading
+from .checkpoint import CheckpointError, FiniteCheck, _first, aligned, meta_shapes, reading
 from .native_file import NativeFile
 from .native_keys import NATIVE_PREFIXES, KeyMap, audio_vae_map, text_encoder_map, transformer_map, video_vae_map
 
@@ -72,18 +72,16 @@ def check_native_file(path, kind: str) -> None:
 
 
 def native_file_kind(path) -> str | None:
-    """What a safetensors file is, as a native MiniMax-H3 component (header only), or None; never raises."""
-    try:
-        with NativeFile(path) as nf:
-            keys = nf.keys
-            for kind, prefixes in NATIVE_PREFIXES.items():
-                for prefix in prefixes:
-                    if keys and all(k.startswith(prefix) for k in keys):
-                        keys = {k[len(prefix):] for k in keys}
-                        break
-            return native_kind(keys)
-    except (CheckpointError, OSError, ValueError):
-        return None
+    """What a safetensors file is, as a native MiniMax-H3 component (header only), or None for a readable file that
+    is none; a file that cannot be read (a damaged or crafted header) is the CheckpointError its load would give."""
+    with NativeFile(path) as nf:
+        keys = nf.keys
+        for kind, prefixes in NATIVE_PREFIXES.items():
+            for prefix in prefixes:
+                if keys and all(k.startswith(prefix) for k in keys):
+                    keys = {k[len(prefix):] for k in keys}
+                    break
+        return native_kind(keys)
 
 
 def native_heads(path) -> int:
@@ -223,10 +221,13 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
                 return torch.bfloat16 if key in dequantised else stored
             return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
+        finite = FiniteCheck(nf.path)  # NaN / Inf named by their native keys, checked on `device`
+
         def read(k: str) -> torch.Tensor:  # FP8 dequantised in float32, cast once to the target below
-            return nf.get(k, torch.float32 if k in quantised else None, device)
+            return finite.add(k, nf.get(k, torch.float32 if k in quantised else None, device))
 
         state = {key: aligned(t.to(dtype_for(key, t.dtype))) for key, t in km.from_native(read)}
+        finite.verify()
         model.load_state_dict(state, strict=True, assign=True)
     del state
     return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
@@ -252,7 +253,9 @@ def load_native_text_encoder(path, config_folder: str | os.PathLike, dtype: torc
         ours = meta_shapes(lambda: Qwen3VLForConditionalGeneration._from_config(config))
         km = text_encoder_map(ours, layers)
         _check_keys(nf, km, km.native_shapes(ours), "text encoder", str(config_folder / "config.json"))
-        state = dict(km.from_native(lambda k: nf.get(k, None)))
+        finite = FiniteCheck(nf.path)
+        state = dict(km.from_native(lambda k: finite.add(k, nf.get(k, None))))
+        finite.verify()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the final norm and LM head are not in the file on purpose: checked below
     try:
@@ -297,13 +300,14 @@ def _load_vae(cls, path, kind: str, config_folder, dtype: torch.dtype, make_map:
     with reading(config_folder / "config.json"):
         config = dict(cls.load_config(config_folder))
     with _open(path, kind) as nf:
+        finite = FiniteCheck(nf.path)
         channels = config.get("latent_channels", 24)
         for name in ("latents_mean", "latents_std"):
             if name in nf.keys:
                 if nf.shape(name) != (channels,):
                     raise CheckpointError(f"{nf.path}: {name} has shape {nf.shape(name)}, the config's "
                                           f"{channels} latent channels need ({channels},).")
-                config[name] = nf.get(name, torch.float32).tolist()
+                config[name] = finite.add(name, nf.get(name, torch.float32)).tolist()
             elif stats_required:
                 raise CheckpointError(f"{nf.path} is missing {name} (the latent normalisation the native "
                                       f"{KINDS[kind]} file carries): a partial or damaged file?")
@@ -323,7 +327,9 @@ def _load_vae(cls, path, kind: str, config_folder, dtype: torch.dtype, make_map:
                 return stored
             return torch.float32 if dtype != torch.float32 and _fp32_kept(cls, key) else dtype
 
-        state = {k: aligned(t.to(target(k, t.dtype))) for k, t in km.from_native(lambda k: nf.get(k, None))}
+        state = {k: aligned(t.to(target(k, t.dtype)))
+                 for k, t in km.from_native(lambda k: finite.add(k, nf.get(k, None)))}
+        finite.verify()
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 

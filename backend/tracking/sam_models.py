@@ -61,8 +61,9 @@ def _read_config(path: str) -> dict:
     try:
         with open(config_path, encoding="utf-8") as handle:
             config = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise TrackModelError(f"{config_path} cannot be read as JSON ({exc}).") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise TrackModelError(f"{config_path} cannot be read as JSON ({type(exc).__name__}: {str(exc)[:80]}).") \
+            from None
     if not isinstance(config, dict):
         raise TrackModelError(f"{config_path} is not a model config (a JSON object).")
     return config
@@ -72,6 +73,9 @@ def model_kind(path: str) -> str:
     """SAM2 or SAM3 for a model folder, from its config.json; TrackModelError saying why when it is neither."""
     config = _read_config(path)
     model_type = config.get("model_type")
+    if not isinstance(model_type, str):  # a list or object there would not even be a dictionary key
+        raise TrackModelError(f"{path} is not a SAM2 / SAM3 video model folder (config.json model_type is "
+                              f"{str(model_type)[:60]!r}; expected one of {sorted(MODEL_TYPES)}).")
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
     if model_type in OTHER_SAM_TYPES:
@@ -204,14 +208,43 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _load(cls, path: str, dtype: torch.dtype, device: torch.device, kind: str):
+    from transformers.utils import logging as hf_logging
+
+    from ..models.checkpoint import CheckpointError, check_finite
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its MISSING / UNEXPECTED report: refused below, in one line
     try:
-        model = cls.from_pretrained(path, dtype=dtype)
+        model, info = cls.from_pretrained(path, dtype=dtype, output_loading_info=True)
     except ImportError as exc:
         raise TrackModelError(f"{KIND_NAMES[kind]} needs a package that is missing ({_first_line(exc)}); "
                               f"SAM3 needs torchvision: pip install torchvision.") from None
     except Exception as exc:  # noqa: BLE001 - any load failure is a folder the user must fix: say which
         raise TrackModelError(f"could not load the {KIND_NAMES[kind]} model in {path} ({_first_line(exc)}).") from None
-    return model.to(device).eval()
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    _check_whole(cls.__name__, path, kind, info)
+    model = model.to(device).eval()
+    try:
+        check_finite(model, path)  # on the device, one sync
+    except CheckpointError as exc:
+        raise TrackModelError(str(exc)) from None
+    return model
+
+
+def _check_whole(class_name: str, path: str, kind: str, info: dict) -> None:
+    """transformers loads a folder whose weights miss keys (or hold others) with random values in their place and
+    only a log report: a wrong or partial folder is refused here, naming its first bad keys."""
+    parts = []
+    for what in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(k if isinstance(k, str) else str(k[0]) for k in info.get(what) or ())
+        if keys:
+            more = f" (+{len(keys) - 3} more)" if len(keys) > 3 else ""
+            parts.append(f"{len(keys)} {what.replace('_keys', '')}: {', '.join(keys[:3])}{more}")
+    if parts:
+        raise TrackModelError(f"{path}: the weights do not match its config.json's {KIND_NAMES[kind]} model "
+                              f"({class_name}): {'; '.join(parts)}. The folder's config.json and weights must be "
+                              f"one release's (download the folder again).")
 
 
 def _load_processor(cls, path: str, kind: str):

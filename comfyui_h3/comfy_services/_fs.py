@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Callable, Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Set, Tuple
 
 from .errors import UnsafePathError
+
+log = logging.getLogger("comfyui_h3")
+_SKIPPED: Set[Tuple[str, int, int]] = set()
 
 
 def _norm(path: str) -> str:
@@ -43,7 +47,8 @@ def find_below(root: str, depth: int, folder_match: Optional[Callable[[str], boo
                file_match: Optional[Callable[[str, Tuple[str, ...]], bool]] = None) -> List[str]:
     """The one walk of the model lists: '/'-joined names, relative to `root`, of the folders `folder_match(path)`
     accepts (not descended into) and the files `file_match(path, parts)` accepts, at most `depth` levels down, in
-    name order. Hidden entries and entries that cannot be read are skipped."""
+    name order. Hidden entries and entries that cannot be read are skipped; so is an entry whose match raises (a
+    crafted or damaged file must never take a loader's list down): logged once, :func:`skip_unreadable`."""
     found: List[str] = []
 
     def walk(folder: str, rel: Tuple[str, ...], left: int) -> None:
@@ -65,9 +70,27 @@ def find_below(root: str, depth: int, folder_match: Optional[Callable[[str], boo
                     found.append("/".join(sub))
             except OSError:
                 continue
+            except Exception as exc:  # noqa: BLE001 - whatever a file's contents make a reader raise
+                skip_unreadable(entry.path, exc)
 
     walk(root, (), depth)
     return found
+
+
+def skip_unreadable(path: str, exc: BaseException) -> None:
+    """Say in the log, once per version of the file (path, size, mtime), that the model lists skip `path` and why
+    (the first line of the error: the load of that file would raise the same)."""
+    try:
+        stat = os.stat(path)
+        key = (os.path.normcase(path), stat.st_size, stat.st_mtime_ns)
+    except OSError:
+        key = (os.path.normcase(path), -1, -1)
+    if key in _SKIPPED:
+        return
+    _SKIPPED.add(key)
+    lines = str(exc).strip().splitlines()
+    log.warning("comfyui-h3: the model lists skip %s, which cannot be read (%s: %s)", path, type(exc).__name__,
+                lines[0] if lines else "")
 
 
 def listed(names: Iterable[str]) -> List[str]:

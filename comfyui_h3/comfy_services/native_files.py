@@ -16,7 +16,7 @@ import sys
 from typing import Dict, List, Optional, Tuple
 
 from ._comfy import _comfy, _mode
-from ._fs import _check_relative, _inside, _norm, find_below, listed
+from ._fs import _check_relative, _inside, _norm, find_below, listed, skip_unreadable
 from .errors import H3ModelNotFound, UnsafePathError
 from .models import ENV_MODELS
 
@@ -70,7 +70,11 @@ def _file_kind(path: str) -> Optional[str]:
     if key not in _KIND_CACHE:
         from ..backend.models.native_load import native_file_kind
 
-        _KIND_CACHE[key] = native_file_kind(path)
+        try:
+            _KIND_CACHE[key] = native_file_kind(path)
+        except Exception as exc:  # noqa: BLE001 - an unreadable file is left out of the list, said once in the log
+            skip_unreadable(path, exc)
+            _KIND_CACHE[key] = None
     return _KIND_CACHE[key]
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from ...models.checkpoint import CheckpointError, meta_shapes, read_json, reading, stored_shapes
+from ...models.checkpoint import CheckpointError, check_finite, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from ...models.native_load import (check_native_file, load_native_audio_vae, load_native_text_encoder,
                                    load_native_transformer, load_native_vae)
@@ -143,6 +143,7 @@ def load_text_encoder(folder: Path, dtype: torch.dtype):
         return bool(match) and "language_model" in key and int(match.group(2)) >= TEXT_LAYER
 
     _strict("text_encoder", folder, info, ignore=beyond)
+    check_finite(model, folder)
     model.model.language_model.norm = torch.nn.Identity()
     model.lm_head = torch.nn.Identity()
     return model
@@ -331,6 +332,7 @@ def _load_diffusers(cls, kind: str, folder: Path, dtype: torch.dtype):
     with reading(folder, expected=lambda: meta_shapes(lambda: cls.from_config(cls.load_config(folder)))):
         model, info = cls.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, output_loading_info=True)
     _strict(kind, folder, info)
+    check_finite(model, folder)
     return model
 
 
