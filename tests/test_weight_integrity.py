@@ -147,6 +147,14 @@ def test_diffusers_folders_with_nan_weights_are_refused_naming_the_shard(tiny_h3
     _rewrite(weights, weights, _nan(key))
     _refused(lambda p: _load_diffusers(AutoencoderKLMiniMaxH3, "vae", p, torch.float32), vae, str(weights), key)
 
+    from comfyui_h3.backend.pipelines.h3.components import load_text_encoder
+
+    text = shutil.copytree(tiny_h3_dir / "text_encoder", tmp_path / "text_encoder")
+    weights = text / "model.safetensors"
+    key = sorted(k for k in load_file(weights) if ".layers.0.mlp." in k)[0]
+    _rewrite(weights, weights, _nan(key))
+    _refused(lambda p: load_text_encoder(p, torch.float32), text, str(weights), key)
+
 
 def test_fasth3_adapter_with_nan_or_integer_tensors_is_refused(tiny_h3_dir, tmp_path):
     from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
@@ -270,6 +278,27 @@ def test_loader_lists_survive_crafted_and_damaged_files_said_once_in_the_log(nat
     skipped = [r.getMessage() for r in caplog.records if "skip" in r.getMessage()]
     for path in crafted + [root / "truncated.safetensors"]:
         assert sum(str(path) in m for m in skipped) == 1, (path, skipped)
+
+
+def test_every_model_list_walk_skips_an_entry_its_reader_raises_on(tmp_path, caplog):
+    """The one walk of all the lists (H3, FastH3, native, SeedVR2, SAM): whatever a reader raises on a file or
+    folder, the rest is still listed and the skipped entry is logged once per version of it."""
+    from comfyui_h3.comfy_services._fs import find_below
+
+    (tmp_path / "a.safetensors").write_bytes(b"x")
+    (tmp_path / "b.safetensors").write_bytes(b"y")
+    (tmp_path / "m").mkdir()
+
+    def reader(path, parts=None):
+        if path.endswith(("a.safetensors", "m")):
+            raise TypeError("'int' object is not iterable")
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="comfyui_h3"):
+        for _ in range(2):
+            assert find_below(str(tmp_path), 2, folder_match=reader, file_match=reader) == ["b.safetensors"]
+    skipped = [r.getMessage() for r in caplog.records if "skip" in r.getMessage()]
+    assert len(skipped) == 2 and all("TypeError" in m for m in skipped), skipped
 
 
 def test_cli_names_a_crafted_file_in_one_line(native, tiny_h3_dir, tmp_path, capsys):
