@@ -5,7 +5,9 @@ this repo that is already there is used and left alone; anything else of that na
 ComfyUI with --cpu on 127.0.0.1 and a free port, loading only this pack, with its input/output/temp/user folders and
 database in a given folder: nothing is written into the checkout (bar Python's __pycache__). ComfyUI's output goes to a
 log file that failing assertions print. The tiny model is built into COMFYUI_H3_CACHE (COMFYUI_H3_TEST_CACHE to reuse
-one across sessions, else a folder beside the server's).
+one across sessions, else a folder beside the server's). COMFYUI_FRONTEND_ROOT, when set, is a frontend's static
+folder (comfyui_frontend_package/static of a `pip install --target`) that ComfyUI serves instead of its installed one
+(--front-end-root): one venv serves several frontends.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 
 COMFYUI_DIR = os.environ.get("COMFYUI_DIR")
 NO_COMFYUI = "COMFYUI_DIR is unset: point it at a ComfyUI checkout (v0.8.0+) to run this lane"
+FRONTEND_ROOT = os.environ.get("COMFYUI_FRONTEND_ROOT")
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "example_workflows"  # UI workflows: what ComfyUI's template browser lists
 WORKFLOWS = TEMPLATES / "api"  # their API-format twins
@@ -146,8 +149,9 @@ def _stop(proc: subprocess.Popen, workers: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def running_comfyui(root: Path) -> Iterator[Comfy]:
-    """ComfyUI (COMFYUI_DIR) serving this pack, with its folders under `root`; stopped on exit."""
+def running_comfyui(root: Path, extra_args: tuple[str, ...] = ()) -> Iterator[Comfy]:
+    """ComfyUI (COMFYUI_DIR) serving this pack, with its folders under `root`; stopped on exit. `extra_args` go to
+    ComfyUI's command line (e.g. --extra-model-paths-config)."""
     comfy_dir = Path(COMFYUI_DIR).resolve()
     if not (comfy_dir / "main.py").is_file() or not (comfy_dir / "custom_nodes").is_dir():
         pytest.fail(f"COMFYUI_DIR={COMFYUI_DIR} is not a ComfyUI checkout (no main.py / custom_nodes).")
@@ -168,6 +172,11 @@ def running_comfyui(root: Path) -> Iterator[Comfy]:
            "--temp-directory", str(root / "temp"), "--user-directory", str(root / "user"),
            "--database-url", "sqlite:///:memory:", "--disable-api-nodes",
            "--disable-all-custom-nodes", "--whitelist-custom-nodes", LINK_NAME]
+    if FRONTEND_ROOT:
+        if not os.path.isfile(os.path.join(FRONTEND_ROOT, "index.html")):
+            pytest.fail(f"COMFYUI_FRONTEND_ROOT={FRONTEND_ROOT} is not a frontend's static folder (no index.html).")
+        cmd += ["--front-end-root", FRONTEND_ROOT]
+    cmd += list(extra_args)
 
     if not ours_already:
         os.symlink(REPO, link, target_is_directory=True)
