@@ -216,3 +216,15 @@ def probe_mp4(path: str) -> dict:
         frames = sum(1 for _ in container.decode(video=0))
         return {"frames": frames, "fps": float(video.average_rate), "audio": len(audio),
                 "size": (video.codec_context.width, video.codec_context.height)}
+
+
+def frontend_model_lookup(error: str) -> bool:
+    """A console error for a request the lane's CSP refused to huggingface.co: newer frontends (1.58 with ComfyUI
+    0.33) check the model files of ComfyUI's own default graph there when they start. This pack's workflows name no
+    URL (tests/test_lane_tools.py checks), so such a look-up is never about them."""
+    return "'https://huggingface.co/" in error and "Content Security Policy" in error
+
+
+def our_page_errors(errors: list[str]) -> list[str]:
+    """The page errors a lane browser script saw, less the frontend's own refused model look-ups."""
+    return [e for e in errors if not frontend_model_lookup(e)]

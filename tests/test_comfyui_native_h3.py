@@ -48,6 +48,10 @@ def _release_named_files(tiny: Path, models: Path) -> None:
 def native(tmp_path_factory, tiny_h3_dir):
     """(server, /object_info) of a ComfyUI whose model folders hold the tiny set under the release's names; a skip
     on a core without the native MiniMax-H3 nodes."""
+    if not (Path(COMFYUI_DIR) / "comfy_extras" / "nodes_minimax_h3.py").is_file():
+        version = (Path(COMFYUI_DIR) / "comfyui_version.py").read_text().split('"')[-2]
+        pytest.skip(f"this lane's ComfyUI {version} has no native MiniMax-H3 nodes (comfy_extras/nodes_minimax_h3.py, "
+                    "ComfyUI 0.30.0+)")
     root = tmp_path_factory.mktemp("native_comfyui")
     models = root / "models"
     _release_named_files(tiny_h3_dir, models)
@@ -58,10 +62,9 @@ def native(tmp_path_factory, tiny_h3_dir):
     with running_comfyui(root / "server", ("--extra-model-paths-config", str(config))) as server:
         status, info = server.request("/object_info")
         assert status == 200, server.why(str(info)[:2000])
-        if not any(node.get("python_module") == NATIVE_MODULE for node in info.values()):
-            version = (Path(COMFYUI_DIR) / "comfyui_version.py").read_text().split('"')[-2]
-            pytest.skip(f"this lane's ComfyUI {version} has no native MiniMax-H3 nodes ({NATIVE_MODULE}, "
-                        "ComfyUI 0.30.0+)")
+        # the file is there, so its nodes must load (an import error, e.g. no torchaudio, fails here)
+        assert any(node.get("python_module") == NATIVE_MODULE for node in info.values()), server.why(
+            f"{NATIVE_MODULE} is in this ComfyUI but none of its nodes loaded")
         yield server, info
 
 
