@@ -183,3 +183,32 @@ def test_python_and_js_rasterise_the_same(tmp_path, settings):
             -hard[:, None], 3, 1, 1))[:, 0]
         assert bool(edge[diff > 1e-4].all()), f"Python and JS differ away from edges (max {diff.max()})"
     assert py.sum() > 0
+
+
+@pytest.mark.parametrize("shape,message", [
+    ({"type": "rect", "x": "ten", "y": 0, "w": 5, "h": 5}, r"shape 1 \(rect\): 'x' must be a finite number, got 'ten'"),
+    ({"type": "rect", "x": 0, "y": 0, "w": [5], "h": 5}, r"shape 1 \(rect\): 'w' must be a finite number"),
+    ({"type": "ellipse", "cx": 1, "cy": None, "rx": 3, "ry": 3}, r"shape 1 \(ellipse\): 'cy' must be a finite"),
+    ({"type": "ellipse", "cx": 1, "cy": 1, "rx": True, "ry": 3}, r"shape 1 \(ellipse\): 'rx' must be a finite"),
+    ({"type": "brush", "size": "big", "points": [[1, 1]]}, r"shape 1 \(brush\): 'size' must be a finite number >= 0"),
+    ({"type": "eraser", "size": -2, "points": [[1, 1]]}, r"shape 1 \(eraser\): 'size' must be a finite number >= 0"),
+    ({"type": "brush", "size": 4, "points": [[1, "y"]]}, r"shape 1 \(brush\): point 0 must be an \[x, y\] pair"),
+    ({"type": "brush", "size": 4, "points": [[1, 1], [2]]}, r"shape 1 \(brush\): point 1 must be an \[x, y\] pair"),
+    ({"type": "brush", "size": 4, "points": "1,2"}, r"shape 1 \(brush\): 'points' must be a list"),
+    ({"type": "rect", "id": ["s"], "x": 0, "y": 0, "w": 5, "h": 5}, r"shape 1 \(rect\): 'id' must be a string"),
+])
+def test_a_shape_field_that_is_not_a_number_names_the_shape_and_the_field(shape, message):
+    """Every field of every shape kind is checked where the state is parsed (it used to reach float() / a dict key
+    and come back as Python's own conversion message)."""
+    ok = {"type": "rect", "id": "s0", "x": 1, "y": 1, "w": 4, "h": 4}
+    state = {"version": 1, "width": 64, "height": 40, "keyframes": [{"frame": 3, "shapes": [ok, shape]}]}
+    with pytest.raises(ValueError, match=r"mask_state keyframe 0 \(frame 3\) " + message) as info:
+        parse_state(json.dumps(state))
+    assert "\n" not in str(info.value)
+    assert H3MaskDraw.VALIDATE_INPUTS(json.dumps(state)).startswith("H3 Mask Draw: mask_state keyframe 0")
+    for bad in ({"frame": "two", "shapes": []}, {"frame": -1, "shapes": []}):
+        with pytest.raises(ValueError, match="keyframe 0 needs 'frame' as an integer >= 0"):
+            parse_state({"version": 1, "width": 64, "height": 40, "keyframes": [bad]})
+    for key, value in (("width", "wide"), ("grow", "2"), ("feather", 1.5), ("invert", "no")):
+        with pytest.raises(ValueError, match=f"mask_state {'needs a positive width' if key == 'width' else repr(key)}"):
+            parse_state({"version": 1, "width": 64, "height": 40, "keyframes": [], key: value})

@@ -68,19 +68,56 @@ def parse_state(text: Any) -> dict:
             raise ValueError(f"mask_state is not valid JSON: {exc}") from exc
     if not isinstance(state, dict):
         raise ValueError("mask_state must be a JSON object")
-    width, height = float(state.get("width") or 0), float(state.get("height") or 0)
-    if width <= 0 or height <= 0:
-        raise ValueError(f"mask_state needs a positive width and height, got {width} x {height}")
+    width, height = state.get("width") or 0, state.get("height") or 0
+    if not _is_number(width) or not _is_number(height) or width <= 0 or height <= 0:
+        raise ValueError(f"mask_state needs a positive width and height, got {width!r} x {height!r}")
+    for key in ("grow", "feather"):  # the preview's copies of the node's widgets
+        value = state.get(key, 0)
+        if not _is_number(value) or value != int(value):
+            raise ValueError(f"mask_state {key!r} must be an integer, got {value!r}")
+    if not isinstance(state.get("invert", False), bool):
+        raise ValueError(f"mask_state 'invert' must be true or false, got {state.get('invert')!r}")
     keyframes = state.get("keyframes") or []
     if not isinstance(keyframes, list):
         raise ValueError("mask_state.keyframes must be a list")
-    for kf in keyframes:
+    for k, kf in enumerate(keyframes):
         if not isinstance(kf, dict) or not isinstance(kf.get("shapes", []), list):
             raise ValueError("each keyframe needs a frame index and a list of shapes")
-        for shape in kf.get("shapes", []):
+        frame = kf.get("frame", 0)
+        if isinstance(frame, bool) or not isinstance(frame, (int, float)) or not math.isfinite(frame) \
+                or frame != int(frame) or frame < 0:
+            raise ValueError(f"mask_state keyframe {k} needs 'frame' as an integer >= 0, got {frame!r}")
+        for index, shape in enumerate(kf.get("shapes", [])):
             if not isinstance(shape, dict) or shape.get("type") not in SHAPE_TYPES:
                 raise ValueError(f"unknown shape {shape!r}: type must be one of {SHAPE_TYPES}")
+            _check_shape(shape, f"mask_state keyframe {k} (frame {int(frame)}) shape {index} ({shape['type']})")
     return state
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_shape(shape: dict, where: str) -> None:
+    """ValueError naming the shape and field when a field the rasteriser reads is not a finite number (missing
+    fields take their defaults: 0, and size 1)."""
+    sid = shape.get("id")
+    if sid is not None and not isinstance(sid, (str, int)):
+        raise ValueError(f"{where}: 'id' must be a string or an integer, got {sid!r}")
+    if shape["type"] in _INTERP_KEYS:
+        for key in _INTERP_KEYS[shape["type"]]:
+            if key in shape and not _is_number(shape[key]):
+                raise ValueError(f"{where}: {key!r} must be a finite number, got {shape[key]!r}")
+        return
+    size = shape.get("size", 1)
+    if not _is_number(size) or size < 0:
+        raise ValueError(f"{where}: 'size' must be a finite number >= 0 (the stroke width in pixels), got {size!r}")
+    points = shape.get("points") or []
+    if not isinstance(points, list):
+        raise ValueError(f"{where}: 'points' must be a list of [x, y] pairs, got {points!r}")
+    for p, point in enumerate(points):
+        if not isinstance(point, (list, tuple)) or len(point) != 2 or not all(_is_number(v) for v in point):
+            raise ValueError(f"{where}: point {p} must be an [x, y] pair of finite numbers, got {point!r}")
 
 
 def _sorted_keyframes(state: dict) -> list[dict]:
