@@ -6,8 +6,10 @@ grow / feather / invert widgets are the ones used here (the state keeps copies f
 from __future__ import annotations
 
 from .. import comfy_services as services
+from ..backend.errors import RequestError
 from ..backend.media.mask_raster import (COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert, paint_over,
                                          parse_state, rasterize_state)
+from ..backend.pipelines.h3.finite import check_finite
 from ..types import mark_mask_shaping
 from ..video_types import as_h3_video
 
@@ -67,6 +69,10 @@ class H3MaskDraw:
         frame_count = int(clip.get_frame_count())
         width, height = (int(v) for v in clip.get_dimensions())
         state = parse_state(mask_state)
+        try:
+            check_finite(mask, "mask")  # as H3 Track Mask: refused, not clamped into the drawing
+        except RequestError as exc:
+            raise ValueError(f"H3 Mask Draw: {exc}") from None
         stop = services.raise_if_interrupted  # Stop reaches every long loop here (between frames / chunks)
         if mask is not None:
             external = fit_mask(mask, frame_count, height, width)

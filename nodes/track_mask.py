@@ -8,6 +8,7 @@ from .. import comfy_services as services
 from ..backend.errors import RequestError
 from ..backend.media.mask_raster import COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert
 from ..backend.media.track_prompts import parse_prompts
+from ..backend.pipelines.h3.finite import check_finite
 from ..backend.tracking.sam_models import clear_track_models, load_track_model, pick_device
 from ..backend.tracking.sam_tracker import track_masks
 from ..tiny_model import TINY_SAM2_NAME, TINY_SAM3_NAME, ensure_tiny_sam2, ensure_tiny_sam3
@@ -91,6 +92,10 @@ class H3TrackMask:
     def track(self, video, model, prompts="", text="", grow=0, feather=0, invert=False, mask=None, combine="union"):
         if combine not in TRACK_COMBINE_MODES:
             raise ValueError(f"H3 Track Mask: combine must be one of {', '.join(TRACK_COMBINE_MODES)}, got {combine!r}.")
+        try:
+            check_finite(mask, "mask")  # a NaN would spread to every output pixel, an infinity be clamped silently
+        except RequestError as exc:
+            raise ValueError(f"H3 Track Mask: {exc}") from None
         clip = as_h3_video(video)
         frames = clip.frames
         frame_count, height, width = (int(v) for v in frames.shape[:3])

@@ -111,3 +111,25 @@ def test_cli_edit_refuses_a_nan_mask_naming_the_file(tmp_path, tiny_h3_dir, caps
     err = capsys.readouterr().err
     assert rc == 2 and "m.npz holds 1 NaN" in err and err.count("\n") == 1
     assert not (tmp_path / "out.mp4").exists()
+
+
+@pytest.mark.parametrize("bad", BAD)
+@pytest.mark.parametrize("node", ["track", "draw"])
+def test_mask_nodes_refuse_a_non_finite_mask_naming_it(node, bad, tmp_path, monkeypatch):
+    """H3 Track Mask used to return an all-NaN mask for a NaN input and clamp an infinite one (H3 Mask Draw the
+    same): both refuse it, naming the input, before any model runs."""
+    from comfyui_h3 import comfy_services as services
+    from comfyui_h3.nodes.mask_draw import H3MaskDraw
+    from comfyui_h3.nodes.track_mask import H3TrackMask
+    from comfyui_h3.video_types import H3Video
+
+    monkeypatch.setenv("COMFYUI_H3_CACHE", str(tmp_path))
+    monkeypatch.setattr(services, "resolve_track_model", lambda name: pytest.fail("no model may load"))
+    video = H3Video(torch.zeros(4, 16, 24, 3, dtype=torch.uint8), 24)
+    mask = _poison(torch.zeros(4, 16, 24), bad, index=5)
+    points = '{"version": 1, "objects": [{"id": 1, "points": [{"frame": 0, "x": 3, "y": 3}]}]}'
+    with pytest.raises(ValueError, match=r"^H3 (Track Mask|Mask Draw): The mask holds 1 NaN or infinite value\(s\)"):
+        if node == "track":
+            H3TrackMask().track(video, "not-a-listed-model", points, "", 0, 0, False, mask=mask)
+        else:
+            H3MaskDraw().draw(video, "", 0, 0, False, mask=mask)
