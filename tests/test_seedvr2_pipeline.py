@@ -159,8 +159,69 @@ def test_memory_refusal_names_what_fits():
         memory.check_fits(config, fits + 4, *args, free)
     assert memory.check_fits(config, 0, *args, free) == fits
     assert memory.check_fits(config, 17, *args, free) == 17
-    with pytest.raises(RequestError, match="single frame"):
+    with pytest.raises(RequestError, match="5 frames, the smallest batch .*largest output of this aspect that fits is"):
         memory.check_fits(config, 0, *args, 1024**3)
+    with pytest.raises(RequestError, match="single frame"):  # an image: its one frame is the smallest batch
+        memory.check_fits(config, 0, 1, *args[1:], 1024**3)
+
+
+def _plan_with(pipe, monkeypatch, host_free, device_free=None):
+    """The pipeline's plan with the host reporting `host_free` bytes (and a GPU with `device_free`, or the CPU)."""
+    from comfyui_h3.backend.pipelines.seedvr2 import pipeline as module
+
+    monkeypatch.setattr(module, "host_free_bytes", lambda: host_free, raising=False)
+    monkeypatch.setattr(pipe, "_free_bytes", lambda: device_free)
+    return pipe.plan
+
+
+def test_a_cpu_engine_checks_the_request_against_host_memory_before_any_work(pipe, monkeypatch):
+    """A CPU engine used to take any size (8192x8192 on 9 frames grew the worker past 10 GB): now the batch is
+    checked against the host's free memory, before any frame is resized, naming the largest output that fits."""
+    import re
+
+    plan = _plan_with(pipe, monkeypatch, 8 * 1024**3)  # run() plans first: a refusal here comes before any work
+    huge = UpscaleRequest(_video(9, 16, 16), scale=None, width=8192, height=8192)
+    with pytest.raises(RequestError, match="in host memory .*largest output of this aspect that fits is") as err:
+        plan(huge)
+    assert "\n" not in str(err.value)
+    w, h = map(int, re.search(r"fits is (\d+)x(\d+)", str(err.value)).groups())
+    assert 16 <= w == h < 8192
+    plan(UpscaleRequest(_video(9, 16, 16), scale=None, width=w, height=h))  # what it names is taken
+    with pytest.raises(RequestError):
+        plan(UpscaleRequest(_video(9, 16, 16), scale=None, width=w + 64, height=h + 64))
+
+
+def test_the_automatic_batch_on_cpu_is_what_fits_the_host_not_the_whole_clip(pipe, monkeypatch):
+    """Auto on a CPU engine was the whole clip whatever its length; now it is the largest batch the host's free
+    memory holds (here: room for 9 frames of a 41-frame clip at 256x256, the frame sink included)."""
+    args = (256, 256, 64, 64, 4, 4)  # model size, source size, fp32 DiT and VAE
+    scale = memory.vae_scale(pipe.c.vae.config)
+    sink = memory.sink_bytes_per_pixel(41, streamed=False) * 256 * 256
+    room = memory.batch_memory(pipe.c.config, 9, *args, vae_scale=scale).peak + sink
+    assert memory.batch_memory(pipe.c.config, 13, *args, vae_scale=scale).peak + sink > room
+    plan = _plan_with(pipe, monkeypatch, int(room / memory.HEADROOM) + 1)
+    _, batches = plan(UpscaleRequest(_video(41, 64, 64), scale=4.0, overlap=4))
+    assert batches.batch == 9 and batches.count > 1
+    with pytest.raises(RequestError, match="in host memory .*largest batch that fits is 9 frames"):
+        plan(UpscaleRequest(_video(41, 64, 64), scale=4.0, batch_frames=17, overlap=4))
+    _, whole = _plan_with(pipe, monkeypatch, 64 * 1024**3)(UpscaleRequest(_video(41, 64, 64), scale=4.0))
+    assert whole.count == 1  # with room for it, still one batch
+
+
+def test_a_gpu_engine_also_checks_the_host_memory_its_frame_sink_holds(pipe, monkeypatch, tmp_path):
+    """Plenty of GPU memory does not make a host-side sink fit: the result held in memory (all frames, twice at the
+    end) or the encoder's buffers of a streamed file are checked against the host, naming the largest output."""
+    video = _video(41, 64, 64)
+    plan = _plan_with(pipe, monkeypatch, 16 * 1024**2, device_free=80 * 1024**3)
+    with pytest.raises(RequestError, match="256x256 needs ~15 MiB of host memory for the result held in memory.*"
+                                           "largest output of this aspect that fits is (\\d+)x\\1"):
+        plan(UpscaleRequest(video, scale=4.0))
+    with pytest.raises(RequestError, match="host memory for the encoder's buffers"):
+        plan(UpscaleRequest(video, scale=4.0, output_path=str(tmp_path / "x.mp4")))
+    plan(UpscaleRequest(video, scale=1.0))  # 64x64: 41 frames twice are 1 MiB
+    with pytest.raises(RequestError, match="8192x8192 needs ~22.0 GiB of host memory .* fits is 6624x6624\\."):
+        memory.check_host(8192, 8192, memory.sink_bytes_per_pixel(9, streamed=True), 16 * 1024**3,
+                          "the encoder's buffers")
 
 
 def _min_rank(rank, world, port, out):

@@ -192,8 +192,8 @@ def test_memory_counts_the_tile_and_the_refusal_names_it():
     assert memory.largest_vae_tile(21, 2160, 3840, 2, 4 * 1024**3) == 0  # the whole-frame tensors alone: none fits
     assert memory.batch_memory(config, 21, *size, vae_tile=tile).peak <= budget
     assert memory.batch_memory(config, 21, *size, vae_tile=tile + memory.VAE_TILE_STEP).peak > budget
-    with pytest.raises(RequestError, match=f"single frame \\(the VAE decode\\).*largest VAE tile that fits a batch of "
-                                           f"21 frames is vae_tile {tile}"):
+    with pytest.raises(RequestError, match=f"5 frames, the smallest batch \\(the VAE decode\\).*largest VAE tile that "
+                                           f"fits a batch of 21 frames is vae_tile {tile}"):
         memory.check_fits(config, 21, 241, *size, free)
     with pytest.raises(RequestError, match="more GPUs do not help the VAE stage.*on one GPU \\(sp_degree 1\\)"):
         memory.check_fits(config, 0, 241, *size, free, world=2)

@@ -1,6 +1,7 @@
-"""How much device memory one SeedVR2 batch needs, and the largest batch that fits: checked before any work starts, so
-a scale or batch too large for the GPU is a clear request error naming what fits instead of an out-of-memory crash
-half-way through a long video.
+"""How much memory one SeedVR2 batch needs, and the largest batch that fits: checked before any work starts, where the
+work runs (the GPU's memory for a GPU engine, the host's for a CPU engine; the host's for the frame sink in both), so
+a scale or batch too large is a clear request error naming what fits (the largest batch, or the largest output size)
+instead of an out-of-memory crash (or a swapping host) half-way through a long video.
 
 The model is per stage, in bytes, calibrated on one H200 (bench/seedvr2.py pipeline, 3B, bf16, 241 frames of
 1344x768 at x2 = 983,808 tokens: DiT 61.0 GiB peak with 6.6 GiB of weights, VAE encode 45.8 GiB, decode 79.0 GiB
@@ -18,11 +19,19 @@ peak, docs/BENCHMARKS.md) with ~15 % margin:
   plus what tiling keeps whole: the latent-grid features (512 channels at H/8 x W/8 per latent frame, VAE dtype),
   the fp32 band a row of tiles is blended in (decode: 3 x F' x tile x W; encode: 512 x T x tile/8 x W/8) and the
   whole-frame latent-grid work of one time slice (mid block; counted per output pixel).
+- The VAE's per-pixel bytes are the released VAE's (128 channels at full resolution); a narrower VAE (the package's
+  tiny one) scales them by its width (`vae_scale`).
+- Host (`sink_bytes_per_pixel`): a streamed file holds the StreamingVideoSaver's two slots of 16 uint8 frames and the
+  x264 encoder's frames in flight (90 B per pixel measured at 1080p and 2160p with 3 threads, veryfast; more cores
+  run more frame threads: modelled 256); a result returned in memory holds every frame twice at its end (the chunks
+  and their concatenation). On a CPU engine the batch itself lives there too, the ranks sharing the host.
 Weights are counted by the caller (what the engine already holds).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 from ...errors import RequestError
@@ -39,6 +48,74 @@ LATENT_GRID_BYTES_PER_PIXEL = 600  # bf16: a tiled pass's whole-frame latent-gri
 VAE_GRID_CHANNELS = 512  # the released VAE's channels at the latent grid (what tiling keeps whole)
 VAE_TILE_STEP = 64  # the largest tile that fits is searched in steps of this many pixels
 AUTO_TILED_BATCH = 21  # with batch frames on auto, a suggested VAE tile fits a batch of up to this many frames
+RELEASED_VAE_CHANNELS = 128  # the released VAE's full-resolution channels, what the per-pixel bytes were measured on
+SINK_SLOT_FRAMES = 2 * 16  # StreamingVideoSaver: 2 slots of DEFAULT_CHUNK_FRAMES uint8 frames
+ENCODER_BYTES_PER_PIXEL = 256  # x264's frames in flight (see the module docstring)
+MIN_SEVERAL = 5  # the smallest batch when a video needs several (batches.MIN_BATCH)
+
+
+def _size(n: float) -> str:
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / 2**20:.0f} MiB"
+
+
+def vae_scale(vae_config) -> float:
+    """A VAE's activation width against the released one's (the per-pixel VAE bytes above are the released VAE's)."""
+    return vae_config.block_channels[0] / RELEASED_VAE_CHANNELS
+
+
+def sink_bytes_per_pixel(total_frames: int, streamed: bool) -> int:
+    """Host bytes per output pixel the driver's frame sink holds (see the module docstring)."""
+    return 3 * SINK_SLOT_FRAMES + ENCODER_BYTES_PER_PIXEL if streamed else 2 * 3 * int(total_frames)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return int(text) if text.isdigit() else None  # "max": no limit
+    except (OSError, ValueError):
+        return None
+
+
+def host_free_bytes() -> int | None:
+    """Memory this process can still take on its host: the kernel's MemAvailable, or less where a cgroup (a
+    container) limits it; None where neither is known (then no host check is made)."""
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            free = None
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:
+            room = max(0, limit - usage + _cgroup_reclaimable())
+            free = room if free is None else min(free, room)
+            break
+    return free
+
+
+def _cgroup_reclaimable() -> int:
+    """The cgroup's inactive page cache (counted in its usage, yet given back on demand)."""
+    for path, key in (("/sys/fs/cgroup/memory.stat", "inactive_file"),
+                      ("/sys/fs/cgroup/memory/memory.stat", "total_inactive_file")):
+        try:
+            with open(path) as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
 
 
 def padded_frames(frames: int) -> int:
@@ -81,34 +158,36 @@ def vae_tiled(height: int, width: int, vae_tile: int) -> bool:
     return bool(vae_tile) and vae_tile < max(height, width)
 
 
-def vae_bytes(frames: int, height: int, width: int, vae_act_bytes: int, vae_tile: int = 0) -> tuple[int, int]:
-    """(encode, decode) bytes of the VAE's own work for a batch (the video tensors of batch_memory not included)."""
-    scale = vae_act_bytes / 2
+def vae_bytes(frames: int, height: int, width: int, vae_act_bytes: int, vae_tile: int = 0,
+              width_scale: float = 1.0) -> tuple[int, int]:
+    """(encode, decode) bytes of the VAE's own work for a batch (the video tensors of batch_memory not included);
+    `width_scale`: vae_scale of the VAE."""
+    scale = vae_act_bytes / 2 * width_scale
     if not vae_tiled(height, width, vae_tile):
         pixels = height * width
         return int(ENCODE_BYTES_PER_PIXEL * scale * pixels), int(DECODE_BYTES_PER_PIXEL * scale * pixels)
     th, tw = min(vae_tile, height), min(vae_tile, width)
     t_lat = latent_frames(frames)
     padded = (t_lat - 1) * 4 + 1
-    grid = VAE_GRID_CHANNELS * t_lat * (height // 8) * (width // 8) * vae_act_bytes  # latent-grid features
+    channels = max(1, int(VAE_GRID_CHANNELS * width_scale))
+    grid = channels * t_lat * (height // 8) * (width // 8) * vae_act_bytes  # latent-grid features
     whole = int(LATENT_GRID_BYTES_PER_PIXEL * scale * height * width) + grid
-    encode = int(ENCODE_BYTES_PER_PIXEL * scale * th * tw) + whole + VAE_GRID_CHANNELS * t_lat * (th // 8) * (
-        width // 8) * 4
+    encode = int(ENCODE_BYTES_PER_PIXEL * scale * th * tw) + whole + channels * t_lat * (th // 8) * (width // 8) * 4
     decode = int(DECODE_BYTES_PER_PIXEL * scale * th * tw) + whole + 3 * padded * th * width * 4
     return encode, decode
 
 
 def batch_memory(config, frames: int, height: int, width: int, in_height: int, in_width: int, act_bytes: int,
-                 vae_act_bytes: int, world: int = 1, vae_tile: int = 0) -> BatchMemory:
+                 vae_act_bytes: int, world: int = 1, vae_tile: int = 0, *, vae_scale: float = 1.0) -> BatchMemory:
     tokens = latent_frames(frames) * (height // 16) * (width // 16)
     per_rank = -(-tokens // world) * (11 if world > 1 else 10) // 10
     padded = ((frames - 1 + 3) // 4) * 4 + 1
     # The model-size input, alive until the colour fix; with several ranks each holds only its own time slices'
     # frames (and decodes only those), while rank 0 receives the whole uint8 result.
     video = -(-3 * padded * height * width * vae_act_bytes // world)
-    encode, decode = vae_bytes(frames, height, width, vae_act_bytes, vae_tile)
+    encode, decode = vae_bytes(frames, height, width, vae_act_bytes, vae_tile, vae_scale)
     if world > 1:  # a rank also holds the carried frames it sends on and (rank 0) its next round's heads
-        carry = int(CARRY_BYTES_PER_PIXEL * vae_act_bytes / 2 * height * width)
+        carry = int(CARRY_BYTES_PER_PIXEL * vae_act_bytes / 2 * vae_scale * height * width)
         encode, decode = encode + carry, decode + carry
     return BatchMemory(
         frames=frames,
@@ -119,20 +198,39 @@ def batch_memory(config, frames: int, height: int, width: int, in_height: int, i
 
 
 def largest_batch(config, total_frames: int, height: int, width: int, in_height: int, in_width: int,
-                  act_bytes: int, vae_act_bytes: int, free_bytes: int, world: int = 1, vae_tile: int = 0) -> int:
-    """The largest 4n+1 batch (<= the padded video) that fits `free_bytes`, or 0 when not even one frame fits."""
-    budget = free_bytes * HEADROOM
+                  act_bytes: int, vae_act_bytes: int, free_bytes: int, world: int = 1, vae_tile: int = 0, *,
+                  vae_scale: float = 1.0, reserved: int = 0) -> int:
+    """The largest 4n+1 batch (<= the padded video) that fits `free_bytes` besides `reserved` bytes, or 0 when none
+    does (a video of several frames needs batches of at least MIN_SEVERAL)."""
+    budget = free_bytes * HEADROOM - reserved
     cap = ((max(total_frames, 1) - 1 + 3) // 4) * 4 + 1
     best = 0
     for frames in range(1, cap + 1, 4):
         if batch_memory(config, frames, height, width, in_height, in_width, act_bytes, vae_act_bytes,
-                        world, vae_tile).peak > budget:
+                        world, vae_tile, vae_scale=vae_scale).peak > budget:
             break
         best = frames
-    return best
+    return 0 if best < MIN_SEVERAL and total_frames > best else best
 
 
-def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, budget: float) -> int:
+def largest_output(height: int, width: int, fits) -> tuple[int, int]:
+    """The largest (width, height) of the aspect of `width` x `height`, multiples of 16 and at most it, for which
+    `fits(height, width)` holds, or (0, 0) when not even 16 px does (the memory grows with the size: bisection)."""
+    def size(s: float) -> tuple[int, int]:
+        return max(16, int(height * s) // 16 * 16), max(16, int(width * s) // 16 * 16)
+
+    if not fits(*size(16 / min(height, width))):
+        return 0, 0
+    lo, hi = 16 / min(height, width), 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(*size(mid)) else (lo, mid)
+    h, w = size(lo)
+    return w, h
+
+
+def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, budget: float,
+                     vae_scale: float = 1.0) -> int:
     """The largest VAE tile (a multiple of VAE_TILE_STEP px, at least MIN_VAE_TILE, that cuts the frame) whose encode
     and decode of a batch of `frames` fit `budget` bytes with the batch's video tensors, or 0 when none does."""
     padded = ((frames - 1 + 3) // 4) * 4 + 1
@@ -140,51 +238,82 @@ def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, b
     tensors = max(video, 2 * video + frames * height * width * 3)
     tile = (max(height, width) - 1) // VAE_TILE_STEP * VAE_TILE_STEP
     while tile >= MIN_VAE_TILE:
-        if max(vae_bytes(frames, height, width, vae_act_bytes, tile)) + tensors <= budget:
+        if max(vae_bytes(frames, height, width, vae_act_bytes, tile, vae_scale)) + tensors <= budget:
             return tile
         tile -= VAE_TILE_STEP
     return 0
 
 
 def check_fits(config, batch_frames: int, total_frames: int, height: int, width: int, in_height: int, in_width: int,
-               act_bytes: int, vae_act_bytes: int, free_bytes: int | None, world: int = 1, vae_tile: int = 0) -> int:
+               act_bytes: int, vae_act_bytes: int, free_bytes: int | None, world: int = 1, vae_tile: int = 0, *,
+               vae_scale: float = 1.0, reserved_per_pixel: float = 0, where: str = "on the GPU") -> int:
     """The batch to use: `batch_frames` (0 = the largest that fits). Raises a RequestError before any work when the
-    asked batch, or even one frame, does not fit; the message names the stage that does not fit, the largest batch
-    that does and, where the VAE is what does not fit, the largest VAE tile that would."""
-    if free_bytes is None:  # CPU: no reliable budget to check against; auto = the whole video in one batch
-        return batch_frames or ((max(total_frames, 1) - 1 + 3) // 4) * 4 + 1
+    asked batch, or even the smallest, does not fit `free_bytes` (`where`: the memory it is, for the message) besides
+    `reserved_per_pixel` bytes per output pixel held there anyway (a CPU engine's frame sink); the message names the
+    stage that does not fit, the largest batch that does, where the VAE is what does not fit the largest VAE tile
+    that would, and where no batch fits the largest output size that does. `free_bytes` None: nothing is known to
+    check against (a platform that reports no free memory): the asked batch, auto = the whole video."""
+    if free_bytes is None:
+        return batch_frames or padded_frames(total_frames)
     args = (height, width, in_height, in_width, act_bytes, vae_act_bytes)
-    best = largest_batch(config, total_frames, *args, free_bytes, world, vae_tile)
+    reserved = int(reserved_per_pixel * height * width)
+    best = largest_batch(config, total_frames, *args, free_bytes, world, vae_tile, vae_scale=vae_scale,
+                         reserved=reserved)
     if best and not (batch_frames and batch_frames > best):
         return batch_frames or best
-    budget = free_bytes * HEADROOM
-    frames = batch_frames if best else 1
-    need = batch_memory(config, frames, *args, world, vae_tile)
+    budget = free_bytes * HEADROOM - reserved
+    smallest = 1 if total_frames <= 1 else MIN_SEVERAL
+    frames = batch_frames if best else min(batch_frames or smallest, smallest)
+    need = batch_memory(config, frames, *args, world, vae_tile, vae_scale=vae_scale)
     stage = max((need.dit, "the DiT"), (need.encode, "the VAE encode"), (need.decode, "the VAE decode"))[1]
-    free = f"the {budget / GIB:.1f} GiB usable ({HEADROOM:.0%} of {free_bytes / GIB:.1f} GiB free)"
+    held = f", less ~{_size(reserved)} for the output's frame sink" if reserved else ""
+    free = f"the {_size(max(budget, 0))} usable {where} ({HEADROOM:.0%} of {_size(free_bytes)} free{held})"
     if best == 0:
-        head = (f"An output of {width}x{height} needs ~{need.peak / GIB:.1f} GiB for a single frame ({stage}), more "
-                f"than {free}")
+        what = "a single frame" if frames == 1 else f"{frames} frames, the smallest batch"
+        head = f"An output of {width}x{height} needs ~{_size(need.peak)} for {what} ({stage}), more than {free}"
     else:
-        head = (f"A batch of {batch_frames} frames at {width}x{height} needs ~{need.peak / GIB:.1f} GiB ({stage}), "
-                f"more than {free}; the largest batch that fits is {best} frames (or set batch frames to 0 for auto)")
+        head = (f"A batch of {batch_frames} frames at {width}x{height} needs ~{_size(need.peak)} ({stage}), more "
+                f"than {free}; the largest batch that fits is {best} frames (or set batch frames to 0 for auto)")
     tail = []
     if max(need.encode, need.decode) > budget:  # the VAE works on whole frames unless tiled (and on one GPU)
         # the batch a tile is sized for: the one asked (auto: up to AUTO_TILED_BATCH frames), or less if the DiT
         # on one GPU does not fit it
         ask = batch_frames or min(AUTO_TILED_BATCH, padded_frames(total_frames))
         want = next((f for f in range(ask, 0, -4) if batch_memory(config, f, *args, 1).dit <= budget), 0)
-        tile = largest_vae_tile(want, height, width, vae_act_bytes, budget) if want else 0
+        tile = largest_vae_tile(want, height, width, vae_act_bytes, budget, vae_scale) if want else 0
         found = (f"the largest VAE tile that fits a batch of {want} frame{'s' if want > 1 else ''} is vae_tile "
                  f"{tile} (a tiled VAE is close to, not equal to, the whole pass)")
         if world > 1:
-            tail.append("more GPUs do not help the VAE stage (each GPU still encodes and decodes whole frames)")
+            unit = "GPU" if where == "on the GPU" else "rank"
+            tail.append(f"more {unit}s do not help the VAE stage (each {unit} still encodes and decodes whole "
+                        "frames)")
             if tile:
-                tail.append("on one GPU (sp_degree 1) " + found)
+                tail.append(f"on one {unit} (sp_degree 1) " + found)
         elif tile:
             tail.append(found)
-    if need.dit > budget:
+    if best == 0:
+        def fits(h: int, w: int) -> bool:
+            peak = batch_memory(config, frames, h, w, in_height, in_width, act_bytes, vae_act_bytes, world,
+                                vae_tile, vae_scale=vae_scale).peak
+            return peak + reserved_per_pixel * h * w <= free_bytes * HEADROOM
+
+        w, h = largest_output(height, width, fits)
+        tail.append(f"the largest output of this aspect that fits is {w}x{h}" if w else
+                    "not even a 16-pixel output fits: free memory or use a smaller model")
+    if need.dit > budget and where == "on the GPU":
         tail.append("for the DiT choose a smaller scale or more GPUs (sp_degree)")
-    elif not tail and best == 0:
-        tail.append("choose a smaller scale")
     raise RequestError(head + ("; " + "; ".join(tail) if tail else "") + ".")
+
+
+def check_host(height: int, width: int, per_pixel: float, free_bytes: int | None, what: str) -> None:
+    """RequestError before any work when `per_pixel` bytes per output pixel (what the frame sink holds on the host,
+    `what` in words) do not fit the host's `free_bytes` (None: unknown, no check); names the largest output that
+    does."""
+    need = per_pixel * height * width
+    if free_bytes is None or need <= free_bytes * HEADROOM:
+        return
+    w, h = largest_output(height, width, lambda hh, ww: per_pixel * hh * ww <= free_bytes * HEADROOM)
+    largest = f"the largest output of this aspect that fits is {w}x{h}" if w else "free host memory"
+    raise RequestError(f"An output of {width}x{height} needs ~{_size(need)} of host memory for {what}, more than the "
+                       f"{_size(free_bytes * HEADROOM)} usable ({HEADROOM:.0%} of {_size(free_bytes)} free on the "
+                       f"host); {largest}.")

@@ -1,6 +1,7 @@
 """SeedVR2Pipeline: what one SeedVR2 worker rank runs (backend/families.py's contract: `run(request, on_step,
-should_stop)`). A video is restored in batches of frames (batches.py; the batch size checked against the device's
-free memory before any work, memory.py); each batch is one restoration step (restore.py); batches are cross-faded
+should_stop)`). A video is restored in batches of frames (batches.py; the batch size checked before any work
+against the free memory where it runs, the device's or a CPU engine's host's, and the frame sink against the host's,
+memory.py); each batch is one restoration step (restore.py); batches are cross-faded
 where they overlap and each frame goes to the sink (a streamed MP4 or host memory) as soon as it is final. Progress
 is per batch; Stop is honoured between batches and inside one (restore.py: at its stage borders, between the DiT's
 blocks and, on one rank, between the VAE's time slices), every rank agreeing, keeping the frames already final with
@@ -17,7 +18,7 @@ from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
 from .batches import StreamBlender, plan_batches
-from .memory import check_fits
+from .memory import check_fits, check_host, host_free_bytes, sink_bytes_per_pixel, vae_scale
 from .preprocess import plan_geometry
 from .request import UpscaleRequest, UpscaleResult
 from .restore import batch_generator, restore_batch
@@ -49,6 +50,12 @@ class SeedVR2Pipeline:
         free, _ = torch.cuda.mem_get_info(self.c.device)
         return self.parallel.min(int(free))
 
+    def _host_free_bytes(self) -> int | None:
+        """The least free host memory over the ranks (as _free_bytes); None when a rank's host reports none."""
+        free = host_free_bytes()
+        least = self.parallel.min(-1 if free is None else int(free))
+        return None if least < 0 else least
+
     def plan(self, req: UpscaleRequest):
         """(geometry, batch plan) of a request, or a RequestError before any work."""
         frames = req.frames
@@ -61,8 +68,21 @@ class SeedVR2Pipeline:
                                "the model on one GPU (sp_degree 1).")
         act = torch.finfo(self.c.dtype).bits // 8
         vae_act = torch.finfo(self.c.vae_dtype).bits // 8
+        world = self.parallel.world
+        # Checked where the memory is used: the batch on the device (the host's memory for a CPU engine, the ranks
+        # sharing it) and the driver's frame sink on the host.
+        sink = sink_bytes_per_pixel(req.num_frames, streamed=bool(req.output_path))
+        what = "the encoder's buffers" if req.output_path else "the result held in memory"
+        device_free, host_free = self._free_bytes(), self._host_free_bytes()
+        model = dict(vae_scale=vae_scale(self.c.vae.config))
+        if device_free is None:  # a CPU engine: the batch lives on the host
+            device_free = None if host_free is None else host_free // world
+            model.update(reserved_per_pixel=sink / world, where="in host memory" + (
+                f" per rank (its {world} ranks share the host)" if world > 1 else ""))
+        else:
+            check_host(*geometry.output, sink, host_free, what)
         batch = check_fits(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
-                           act, vae_act, self._free_bytes(), self.parallel.world, req.vae_tile)
+                           act, vae_act, device_free, world, req.vae_tile, **model)
         batch = min(batch, ((req.num_frames - 1 + 3) // 4) * 4 + 1)
         overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
         return geometry, plan_batches(req.num_frames, batch, overlap if req.num_frames > batch else 0)

@@ -54,7 +54,8 @@ class UpscaleRequest:
     Target size: exactly one of `scale` (x the input), `short_side` (pixels of the output's shorter side) or
     `width`+`height`; the output keeps the input's frame count and frame rate.
     batch_frames: frames restored together (batch_frames_error's rule; 0 = as many as fit, memory.py); overlap:
-    frames shared by consecutive batches and cross-faded. seed: the noise of batch k is drawn from a generator seeded (seed, k).
+    frames shared by consecutive batches and cross-faded. seed: the noise of batch k is drawn from a generator seeded
+    (seed, k).
     output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory).
     vae_tile: 0, or the VAE encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128;
     one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py)."""
