@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, WORKFLOWS
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, WORKFLOWS, frontend_model_lookup
 from headless import NEEDS_BROWSER, run_script
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
@@ -103,7 +103,8 @@ def _browser(comfy, tmp_path, checks: dict, unknown_types: set | frozenset = fro
         pytest.fail(comfy.why(f"no JSON from the browser script (exit {run.returncode}):\n{run.stderr[-3000:]}"))
     assert run.returncode == 0 and "error" not in result, comfy.why(
         f"browser script failed (screenshot: {screenshot}):\n{result.get('error')}\n{run.stderr[-3000:]}")
-    errors = [e for e in result["pageErrors"] if not (unknown_types and _registry_lookup(e))]
+    errors = [e for e in result["pageErrors"]
+              if not (unknown_types and _registry_lookup(e)) and not frontend_model_lookup(e)]
     assert not errors, errors
     return result
 
@@ -146,7 +147,8 @@ def test_the_template_browser_opens_every_template(comfy, tmp_path):
         assert set(view["unknown"]) == missing and (not view["withErrors"] or missing), (name, view)
         # the missing-nodes dialog, and the registry look-ups it makes (blocked in the lane), for exactly those
         assert (not view["dialogs"] or missing), (name, view)
-        assert not [e for e in view["errors"] if not (missing and _registry_lookup(e))], (name, view)
+        assert not [e for e in view["errors"]
+                    if not (missing and _registry_lookup(e)) and not frontend_model_lookup(e)], (name, view)
 
 
 def _overlapping(boxes: list) -> list:

@@ -181,6 +181,9 @@ def _defaults_from_object_info(info: dict, class_type: str, **given) -> dict:
             inputs[name] = options.get("default", kind[0])
         elif kind == "COMBO":  # newer ComfyUI spells combos as ("COMBO", {"options": [...]})
             inputs[name] = options.get("default", (options.get("options") or [None])[0])
+        elif "DYNAMICCOMBO" in str(kind):  # 0.3x: a combo whose choices bring inputs ({"key": ..., "inputs": ...})
+            first = (options.get("options") or [{}])[0]
+            inputs[name] = options.get("default", first.get("key") if isinstance(first, dict) else first)
         elif "default" in options:
             inputs[name] = options["default"]
     return inputs

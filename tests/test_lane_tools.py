@@ -75,6 +75,9 @@ def test_shipped_workflows_name_no_url():
     refused = ("Connecting to 'https://huggingface.co/Comfy-Org/z_image_turbo/resolve/main/x.safetensors' violates "
                "the following Content Security Policy directive")
     assert frontend_model_lookup(refused)
+    assert frontend_model_lookup("Fetch API cannot load https://huggingface.co/Comfy-Org/z_image_turbo/resolve/main/"
+                                 "x.safetensors. Refused to connect because it violates the document's Content "
+                                 "Security Policy.")
     assert not frontend_model_lookup("Connecting to 'https://api.comfy.org/nodes' violates the following Content "
                                      "Security Policy directive")
     assert not frontend_model_lookup("TypeError: cannot read properties of undefined")

@@ -17,7 +17,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, probe_mp4
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, TEMPLATES, our_page_errors, probe_mp4
 from headless import NEEDS_BROWSER, run_script
 
 from comfyui_h3.backend.media.mask_raster import render_state
@@ -116,7 +116,7 @@ def _drive(comfy, tmp_path, vue_nodes: bool, steps: int | None) -> dict:
     assert run.returncode == 0 and "error" not in result, comfy.why(
         f"browser script failed (screenshot: {screenshot}):\n{result.get('error')}\n{run.stderr[-3000:]}")
     assert result["vueNodes"] is vue_nodes
-    assert not result["pageErrors"], result["pageErrors"]
+    assert not our_page_errors(result["pageErrors"]), result["pageErrors"]
     return result
 
 

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 import pytest
-from comfyui_lane import COMFYUI_DIR, NO_COMFYUI
+from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, our_page_errors
 from headless import NEEDS_BROWSER, run_script
 
 from comfyui_h3.backend.media.mask_raster import render_state
@@ -67,7 +67,7 @@ def _drive(comfy, clip, tmp_path, vue_nodes: bool, run: bool) -> dict:
     assert result_run.returncode == 0 and "error" not in result, comfy.why(
         f"browser script failed (screenshots: {shots}):\n{result.get('error')}\n{result_run.stderr[-3000:]}")
     assert result["vueNodes"] is vue_nodes
-    assert not result["pageErrors"], result["pageErrors"]
+    assert not our_page_errors(result["pageErrors"]), result["pageErrors"]
     return result
 
 

@@ -167,7 +167,8 @@ try {
       window.app.graph.nodes.find((n) => n.type === "H3_Edit").widgets.find((w) => w.name === "steps").value = steps;
     }, config.steps);
     const posted = page.waitForResponse((r) => r.url().endsWith("/prompt") && r.request().method() === "POST", WAIT);
-    await page.locator('[data-testid="queue-button"] button').first().click();
+    // The Run button: inside the queue-button group up to frontend 1.4x, the element itself from 1.5x on.
+    await page.locator('[data-testid="queue-button"] button, button[data-testid="queue-button"]').first().click();
     const response = await posted;
     result.queued = { status: response.status(), reply: await response.json(), sent: response.request().postDataJSON().prompt };
   }
