@@ -12,7 +12,8 @@ import torch
 from comfyui_h3 import comfy_services as services
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.media.mask_raster import combine_masks, fit_mask, grow_feather_invert
-from comfyui_h3.backend.media.track_prompts import check_against_video, parse_prompts
+from comfyui_h3.backend.media.track_prompts import (MAX_CLICKS_PER_FRAME, MAX_OBJECTS, MAX_PROMPTED_FRAMES,
+                                                    check_against_video, parse_prompts)
 from comfyui_h3.backend.tracking import sam_models, sam_tracker
 from comfyui_h3.backend.tracking.sam_models import (TrackModelError, cached_track_models, clear_track_models,
                                                     load_track_model, model_kind, pick_device)
@@ -318,6 +319,82 @@ def test_stop_mid_propagation_raises_comfyuis_interrupt_and_keeps_the_model_usab
     assert not net._forward_pre_hooks and not net._forward_hooks  # nothing of the run left on it
     (again,) = node_env.track(video, TINY_SAM2_NAME, pr, "", 0, 0, False)
     assert torch.equal(again, clean) and cached_track_models() == loaded  # same model object, same result
+
+
+def test_stop_reaches_between_the_objects_of_a_frame_with_the_most_objects_allowed(node_env, monkeypatch):
+    """One model call runs every object of a frame in turn: Stop used to wait for all of them (5000 objects: 89 s).
+    Now it is checked before each object's mask decode, so at most the object being decoded finishes."""
+    import time
+
+    from transformers.models.sam2_video.modeling_sam2_video import Sam2VideoMaskDecoder as decoder_cls
+
+    calls, asked = [], []
+    original = decoder_cls.forward
+
+    def forward(module, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 40:  # Stop pressed while the second frame's objects are decoded
+            services.request_interrupt()
+            asked.append((len(calls), time.monotonic()))
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(decoder_cls, "forward", forward)
+    many = [{"id": i + 1, "points": [click(i % 2, 2 + i, 3 + i % 30)]} for i in range(MAX_OBJECTS)]
+    with pytest.raises(services.interrupt_exception_types()):
+        node_env.track(H3Video(frames(), 24), TINY_SAM2_NAME, prompts(*many), "", 0, 0, False)
+    (at, when), = asked
+    assert len(calls) == at  # no other object was decoded after the request
+    assert time.monotonic() - when < 30  # generous: the old code decoded the other 20+ objects of the frame first
+
+
+def test_a_session_holds_a_fixed_window_of_frames_and_tracks_the_same(tiny, monkeypatch):
+    """The session used to keep every object's outputs (full-size masks included) for every frame: memory grew with
+    objects x frames (5000 objects: 4.7 GB). Now it keeps the tracker's reach either side, with the same masks."""
+    import transformers
+
+    count = 48
+    loaded = model(tiny, "sam2")
+    reach = sam_tracker.memory_reach(loaded.click_model()[0])
+    assert count > 2 * reach + 2  # long enough that keeping everything would show
+    seen = {"tracked": 0, "full_size": 0}
+    original = transformers.Sam2VideoModel.forward
+
+    def forward(model_self, inference_session, frame_idx=None, **kwargs):
+        for outputs in inference_session.output_dict_per_obj.values():  # what the calls before this one left
+            seen["tracked"] = max(seen["tracked"], len(outputs["non_cond_frame_outputs"]))
+            seen["full_size"] += sum("high_res_masks" in out for kind in outputs.values() for out in kind.values())
+        return original(model_self, inference_session, frame_idx=frame_idx, **kwargs)
+
+    monkeypatch.setattr(transformers.Sam2VideoModel, "forward", forward)
+    clip = frames(count)
+    pr = prompts({"id": 1, "points": [click(5, 30, 20)]}, {"id": 2, "points": [click(40, 10, 30)]})
+    trimmed = track_masks(loaded, clip, pr)
+    assert seen["full_size"] == 0 and 0 < seen["tracked"] <= 2 * reach + 1
+    monkeypatch.setattr(sam_tracker, "_trim", lambda *args: None)  # keep everything: the reference
+    assert torch.equal(track_masks(loaded, clip, pr), trimmed)
+
+
+def test_prompts_are_bounded_by_what_the_tracker_takes():
+    ok = [{"id": i + 1, "points": [click(0, 1, 1)]} for i in range(MAX_OBJECTS)]
+    assert len(parse_prompts(prompts(*ok)).objects) == MAX_OBJECTS
+    too_many = ok + [{"id": MAX_OBJECTS + 1, "points": [click(0, 1, 1)]}]
+    message = H3TrackMask.VALIDATE_INPUTS(prompts(*too_many))
+    assert message.startswith(f"H3 Track Mask: prompts hold {MAX_OBJECTS + 1} objects; H3 Track Mask tracks at "
+                              f"most {MAX_OBJECTS}") and "second H3 Track Mask" in message
+    flood = [{"id": i + 1, "points": [click(0, 1, 1)]} for i in range(5000)]  # the outside pass's prompt
+    assert H3TrackMask.VALIDATE_INPUTS(prompts(*flood)).startswith("H3 Track Mask: prompts hold 5000 objects")
+    crowded = {"id": 4, "points": [click(3, i, 1) for i in range(MAX_CLICKS_PER_FRAME)]}
+    parse_prompts(prompts(crowded))
+    crowded["points"].append(click(3, 9, 9, positive=False))
+    with pytest.raises(RequestError, match=f"object 4 has {MAX_CLICKS_PER_FRAME + 1} clicks on frame 3; SAM2 "
+                                           f"takes at most {MAX_CLICKS_PER_FRAME}"):
+        parse_prompts(prompts(crowded))
+    spread = {"id": 2, "points": [click(f, 1, 1) for f in range(MAX_PROMPTED_FRAMES - 1)],
+              "boxes": [{"frame": 99, "x0": 0, "y0": 0, "x1": 4, "y1": 4}]}
+    parse_prompts(prompts(spread))
+    spread["boxes"].append({"frame": 100, "x0": 0, "y0": 0, "x1": 4, "y1": 4})
+    with pytest.raises(RequestError, match=f"object 2 is prompted on {MAX_PROMPTED_FRAMES + 1} frames"):
+        parse_prompts(prompts(spread))
 
 
 def test_a_text_prompt_on_sam2_and_nothing_to_track_are_clear_errors(node_env):

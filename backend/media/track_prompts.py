@@ -16,6 +16,21 @@ JSON, version 1 (written by the mask editor, js/; contract: one entry per tracke
 - "" or no objects: no click prompts (valid only with a text prompt on a SAM3 model: :func:`require_something`).
 - `positive` defaults to true; keys not listed here are ignored (the editor may keep its own there).
 
+Limits (stated here once; the parser refuses more, so VALIDATE_INPUTS stops such a prompt before it is queued):
+
+- :data:`MAX_CLICKS_PER_FRAME` clicks per object on one frame: SAM2 was trained with one click and up to 7
+  correction clicks on a frame (its training config's ``num_correction_pt_per_frame`` 7); put further clicks on
+  another frame.
+- one box per object per frame: SAM2's prompt encoder takes one box per object (its two corners lead the clicks).
+- :data:`MAX_PROMPTED_FRAMES` frames with a prompt per object: each is a conditioning frame, which the tracker keeps
+  for the whole run and attends to on every frame (SAM2's ``max_cond_frame_num`` -1: all of them); 16 is SAM2's
+  object-pointer window (``max_object_pointers_in_encoder``).
+- :data:`MAX_OBJECTS` objects per node: SAM2 tracks every object on its own (one memory attention and mask decode
+  per object and frame, its own memory bank), so time and memory grow with the count. Each object holds about 47
+  frames of memory (its prompted frames and a window either side of the frame being tracked; see
+  backend/tracking/sam_tracker.py), at the released 1024-px size about 1.2 MB per frame in bf16: 32 objects hold
+  ~1.8 GB beside the model. Track more in a second H3 Track Mask and combine the masks (its `mask` input).
+
 Every error is a :class:`RequestError` whose one-line message names the object / frame / value and what to change.
 """
 
@@ -29,6 +44,9 @@ from typing import Any
 from ..errors import RequestError
 
 PROMPTS_VERSION = 1
+MAX_OBJECTS = 32  # per node (module docstring: limits)
+MAX_CLICKS_PER_FRAME = 8  # per object and frame
+MAX_PROMPTED_FRAMES = 16  # per object
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,10 @@ def parse_prompts(text: Any) -> TrackPrompts:
         raw_objects = []
     if not isinstance(raw_objects, list):
         raise RequestError(f"prompts.objects must be a list, got {type(raw_objects).__name__}.")
+    if len(raw_objects) > MAX_OBJECTS:
+        raise RequestError(f"prompts hold {len(raw_objects)} objects; H3 Track Mask tracks at most {MAX_OBJECTS} "
+                           f"(each is tracked on its own, so time and memory grow with them): track the rest in a "
+                           f"second H3 Track Mask and combine the masks through its `mask` input.")
     objects, seen = [], set()
     for index, obj in enumerate(raw_objects):
         if not isinstance(obj, dict):
@@ -170,8 +192,25 @@ def parse_prompts(text: Any) -> TrackPrompts:
             boxes.append(Box(frame, x0, y0, x1, y1))
         if not clicks and not boxes:
             raise RequestError(f"prompts: object {oid} has no clicks and no box; give it one or remove it.")
+        _check_limits(oid, clicks, boxes)
         objects.append(TrackObject(oid, tuple(clicks), tuple(boxes)))
     return TrackPrompts(tuple(objects))
+
+
+def _check_limits(oid: int, clicks: list, boxes: list) -> None:
+    per_frame: dict[int, int] = {}
+    for c in clicks:
+        per_frame[c.frame] = per_frame.get(c.frame, 0) + 1
+    crowded = next((f for f in sorted(per_frame) if per_frame[f] > MAX_CLICKS_PER_FRAME), None)
+    if crowded is not None:
+        raise RequestError(f"prompts: object {oid} has {per_frame[crowded]} clicks on frame {crowded}; SAM2 takes at "
+                           f"most {MAX_CLICKS_PER_FRAME} per object and frame (one click and 7 corrections, as it "
+                           f"was trained): remove some or place them on another frame.")
+    frames = {c.frame for c in clicks} | {b.frame for b in boxes}
+    if len(frames) > MAX_PROMPTED_FRAMES:
+        raise RequestError(f"prompts: object {oid} is prompted on {len(frames)} frames; the tracker keeps and attends "
+                           f"to every prompted frame of an object, at most {MAX_PROMPTED_FRAMES}: clear the clicks "
+                           f"of some frames (it tracks between them by itself).")
 
 
 def check_against_video(prompts: TrackPrompts, frame_count: int, width: int, height: int) -> TrackPrompts:

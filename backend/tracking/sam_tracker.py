@@ -20,9 +20,20 @@ How the transformers models are driven (no segmentation here: transformers' proc
 - Masks come back through the processors' own post-processing (``post_process_masks`` / ``postprocess_outputs``),
   which resizes them to the frame size and thresholds the logits at 0.
 
+Memory: the session keeps, per object, only what the tracker reads again (:func:`_trim`, after every model call):
+its prompted (conditioning) frames, and the outputs of the frames within :func:`memory_reach` of the frame being
+tracked, on the side the pass comes from (the memory bank's ``num_maskmem - 1`` frames and the object-pointer window's
+``max_object_pointers_in_encoder - 1``), plus, in the forward pass, that window above the backward pass's start, which
+the backward pass reads first. The full-size mask every output carries (``high_res_masks``, read only by the call that
+made it) is dropped. So an object holds a fixed number of frames whatever the clip's length, and the number of
+objects is bounded where the prompts are parsed (backend/media/track_prompts.py: limits). Masks are resized to the
+frame size :data:`POSTPROCESS_OBJECTS` objects at a time, so that temporary does not grow with the objects either.
+
 Stop and progress: `check()` runs before every model call (a forward pre-hook on the model, so it also reaches the
-frames SAM3 buffers before yielding them) and between chunks of frames; `progress(done, total)` after each. An
-exception from `check` leaves the run; the model is unchanged and stays usable (a session lives for one run).
+frames SAM3 buffers before yielding them), before every object's mask decode inside a call (a pre-hook on each
+``mask_decoder``: one call runs every object of a frame in turn), between objects while prompts are added and between
+chunks of frames; `progress(done, total)` after each frame. An exception from `check` leaves the run; the model is
+unchanged and stays usable (a session lives for one run).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from ..media.track_prompts import TrackObject, TrackPrompts, check_against_video
 from .sam_models import TrackModel
 
 FRAME_CHUNK = 16
+POSTPROCESS_OBJECTS = 8  # objects whose masks are resized to the frame size at once
 
 
 class _Progress:
@@ -106,7 +118,9 @@ def _per_call(model, check, meter: _Progress):
     def after(_module, _args, _output):
         meter.tick()
 
+    decoders = [module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] == "mask_decoder"]
     handles = [model.register_forward_pre_hook(before), model.register_forward_hook(after)]
+    handles += [decoder.register_forward_pre_hook(before) for decoder in decoders]  # between objects of a frame
     try:
         yield
     finally:
@@ -146,6 +160,26 @@ def _prompt_inputs(obj: TrackObject, frame: int) -> dict:
     return inputs
 
 
+def memory_reach(model) -> int:
+    """How many frames back (in a pass's direction) the tracker reads a tracked frame's outputs: its memory bank
+    (``num_maskmem - 1`` frames) or its object pointers (``max_object_pointers_in_encoder - 1``), the longer."""
+    config = model.config
+    return max(int(getattr(config, "num_maskmem", 7)), int(getattr(config, "max_object_pointers_in_encoder", 16))) - 1
+
+
+def _trim(session, frame: int, keep: Callable[[int], bool]) -> None:
+    """After the call on `frame`: drop its outputs' full-size masks and every tracked (non-conditioning) frame's
+    outputs outside `keep` (module docstring: memory). Conditioning frames stay."""
+    for outputs in session.output_dict_per_obj.values():
+        for kind in ("cond_frame_outputs", "non_cond_frame_outputs"):
+            stored = outputs[kind].get(frame)
+            if stored is not None:
+                stored.pop("high_res_masks", None)
+        tracked = outputs["non_cond_frame_outputs"]
+        for old in [f for f in tracked if not keep(f)]:
+            del tracked[old]
+
+
 def _track_clicks(model, processor, track_model: TrackModel, frames, prompts: TrackPrompts, union, check,
                   meter: _Progress) -> None:
     count, height, width = (int(v) for v in frames.shape[:3])
@@ -158,15 +192,21 @@ def _track_clicks(model, processor, track_model: TrackModel, frames, prompts: Tr
         rows = [i for i, oid in enumerate(ids) if keep(oid)]
         if not rows:
             return
-        masks = processor.post_process_masks([output.pred_masks[rows]], original_sizes=sizes, binarize=True)[0]
-        union[output.frame_idx] |= masks.any(dim=0)[0].to("cpu")
+        for start in range(0, len(rows), POSTPROCESS_OBJECTS):
+            part = output.pred_masks[rows[start:start + POSTPROCESS_OBJECTS]]
+            masks = processor.post_process_masks([part], original_sizes=sizes, binarize=True)[0]
+            union[output.frame_idx] |= masks.any(dim=0)[0].to("cpu")
 
+    forward, backward = click_passes(prompts, count)
+    reach = memory_reach(model)
     with _per_call(model, check, meter), torch.inference_mode():
         for frame in prompts.frames():
             ids = []
             for obj in prompts.objects:
                 inputs = _prompt_inputs(obj, frame)
                 if inputs:
+                    if check is not None:
+                        check()
                     processor.add_inputs_to_inference_session(session, frame_idx=frame, obj_ids=obj.id, **inputs)
                     ids.append(obj.id)
             # Each call above names only its own object as new; the model runs once for all of them, so each is a
@@ -174,12 +214,17 @@ def _track_clicks(model, processor, track_model: TrackModel, frames, prompts: Tr
             # and their clicks then taken as a correction of that track).
             session.obj_with_new_inputs = ids
             model(inference_session=session, frame_idx=frame)
-        forward, backward = click_passes(prompts, count)
+            _trim(session, frame, lambda f: True)
         for output in model.propagate_in_video_iterator(session, start_frame_idx=forward):
-            take(output, lambda oid, t=output.frame_idx: first[oid] <= t)
+            t = output.frame_idx
+            take(output, lambda oid: first[oid] <= t)
+            # keep the window behind t, and the one above `backward` that the backward pass reads first
+            _trim(session, t, lambda f: f >= t - reach or (0 < backward < f <= backward + reach))
         if backward > 0:
             for output in model.propagate_in_video_iterator(session, start_frame_idx=backward, reverse=True):
-                take(output, lambda oid, t=output.frame_idx: first[oid] > t)
+                t = output.frame_idx
+                take(output, lambda oid: first[oid] > t)
+                _trim(session, t, lambda f: f <= t + reach)
 
 
 def _track_text(model, processor, track_model: TrackModel, frames, phrases: list[str], union, check,
