@@ -7,7 +7,9 @@ ComfyUI's own (extra_model_paths.yaml). Where they stop, exactly: ComfyUI's nati
 architectures at their released widths, except UNETLoader, which reads the DiT's widths from the file. So the tiny
 DiT loads natively, but the native VAELoader (video VAE: MiniMaxH3VideoVAE; audio VAE: MiniMaxH3AudioVAE) and the
 native CLIPLoader of type minimax (the released Qwen3-VL-32B text encoder: MiniMaxQwen3VL) refuse the tiny files with
-a size mismatch. "Our H3 Sample -> native decode" runs its H3 half and stops at the native video VAELoader;
+a size mismatch. "Our H3 Sample -> native decode": our loader as shipped (model "none", the release's configs)
+refuses the tiny files itself, naming one; given the tiny set's configs it runs its H3 half on the same native files,
+and the whole workflow stops at the native video VAELoader;
 "native sample -> our H3 Extend -> SeedVR2" stops before the native conditioning (MiniMaxH3ImageToVideo needs the
 native text encoder and video VAE), so KSampler and everything after it never run on tiny weights."""
 
