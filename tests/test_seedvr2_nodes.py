@@ -405,6 +405,11 @@ def test_stop_between_batches_keeps_the_finished_frames(tiny_engine, tmp_path, m
     kept = tmp_path / "out" / "H3" / "upscale_partial_00001.mp4"
     frames, size, rate, audio = _decoded(str(kept))
     assert 1 <= frames < 17 and size == (48, 32) and rate == 24.0 and audio == 1
+    import av
+
+    with av.open(str(kept)) as container:  # the sound under the kept frames, not the whole input's (17 frames)
+        samples = sum(frame.samples for frame in container.decode(audio=0))
+    assert abs(samples - frames * 32000 / 24) <= 2048, (samples, frames)  # AAC frames of 1024 samples, priming
     assert not any(files for _, _, files in os.walk(tmp_path / "temp"))
 
 
