@@ -13,7 +13,7 @@ from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform, waveform_to_audio
-from .sample import MAX_SEED, run_engine, with_manifest
+from .sample import MAX_SEED, run_engine, run_summary, with_manifest
 from .widgets import SHIFT_INPUTS
 
 
@@ -135,6 +135,6 @@ class H3Edit:
         result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
         out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
         latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [edit_summary(preset, result, shaped)]},
+        return {"ui": {"text": [run_summary(result, lambda r: edit_summary(preset, r, shaped))]},
                 "result": native_io.with_native((out, waveform_to_audio(result.audio, result.sample_rate), latents),
                                                 latents)}

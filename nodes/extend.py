@@ -22,7 +22,7 @@ from ..types import H3Latents
 from ..video_file import H3FileVideo
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform
-from .sample import MAX_SEED, run_engine, with_manifest
+from .sample import MAX_SEED, run_engine, run_summary, with_manifest
 from .widgets import SHIFT_INPUTS
 
 PARTIAL_PREFIX = "H3/extend_partial"
@@ -122,7 +122,8 @@ class H3Extend:
             release_placeholder(path)  # reserved but never published (an error, or Stop before any window)
         clip = with_manifest(H3FileVideo(path), result)
         out = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [extend_summary(result)]}, "result": native_io.with_native((clip, out), out)}
+        return {"ui": {"text": [run_summary(result, extend_summary)]},
+                "result": native_io.with_native((clip, out), out)}
 
 
 def extend_summary(result) -> str:

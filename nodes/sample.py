@@ -110,7 +110,9 @@ class H3Sample:
         result = run_engine(engine, request, steps, unique_id)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
         latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), latents), latents)
+        return {"ui": {"text": [run_summary(result)]},
+                "result": native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), latents),
+                                                latents)}
 
 
 def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None,
@@ -155,11 +157,18 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         raise ValueError(str(exc)) from None
     except EngineError as exc:
         raise RuntimeError(f"{label} failed: {exc}") from None
-    text = " · ".join(t for t in (summary(result) if summary is not None else "",
-                                   manifest_summary(getattr(result, "manifest", None))) if t)
+    text = run_summary(result, summary)
     if text:
         reporter.set_text(text)
     return result
+
+
+def run_summary(result, summary=None) -> str:
+    """The node's end-of-run line: `summary(result)` and the manifest's timings. Nodes also return it as their ui
+    "text" (js/run_summary.js shows it in the node): a frontend that clears progress texts when the job ends (1.58)
+    keeps outputs."""
+    return " · ".join(t for t in (summary(result) if summary is not None else "",
+                                  manifest_summary(getattr(result, "manifest", None))) if t)
 
 
 def with_manifest(video, result):

@@ -19,7 +19,7 @@ from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_BAT
 from ..extend_job import keep_partial
 from ..video_file import H3FileVideo
 from ..video_types import H3Video
-from .sample import MAX_SEED, run_engine, with_manifest
+from .sample import MAX_SEED, run_engine, run_summary, with_manifest
 from .seedvr2_loader import SEEDVR2_ENGINE
 
 TARGETS = ("scale", "short side", "width x height")
@@ -138,12 +138,13 @@ class H3SeedVR2Upscale:
         finally:
             if path is not None:
                 release_placeholder(path)  # reserved but never published (an error, or Stop before any frame)
+        ui = {"text": [run_summary(result, upscale_summary(request))]}  # shown in the node (js/run_summary.js)
         if path is not None:
             clip = H3FileVideo(path)
             if wave is not None:  # the input's sound itself, not its AAC copy in the file (which a save copies)
                 clip._audio, clip._sample_rate = request.audio, int(sample_rate)
-            return (with_manifest(clip, result),)
-        return (with_manifest(H3Video(result.frames, rate), result),)
+            return {"ui": ui, "result": (with_manifest(clip, result),)}
+        return {"ui": ui, "result": (with_manifest(H3Video(result.frames, rate), result),)}
 
 
 def check_batch_frames(batch_frames) -> bool | str:

@@ -248,12 +248,13 @@ def test_sample_node_summary_and_save_video_writes_the_manifest(tmp_path, tiny_h
     monkeypatch.setattr(sample_node.services, "ProgressReporter", Reporter)
     (handle,) = H3ModelLoader().load(tiny_h3_dir.name, "cpu", "float32", "sdpa")
     try:
-        video, _audio, _latents = sample_node.H3Sample().sample(handle, "waves on rocks", 5.0, 64, 64, 2, 12.0, 3.0,
-                                                                 3)
+        out = sample_node.H3Sample().sample(handle, "waves on rocks", 5.0, 64, 64, 2, 12.0, 3.0, 3)
+        video, _audio, _latents = out["result"]
     finally:
         shutdown_all()
     assert len(video.manifest["stages"]["denoise_steps_s"]) == 2
     assert shown and shown[-1] == mf.summary(video.manifest) and "s/step" in shown[-1]
+    assert out["ui"]["text"] == [shown[-1]]  # and the same line as the node's ui output, which outlives the job
 
     entry = H3SaveVideo().save(video, "clips/h3", 18, "ultrafast")["ui"]["images"][0]
     saved = tmp_path / "out" / "clips" / entry["filename"]

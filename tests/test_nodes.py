@@ -196,10 +196,12 @@ def test_nodes_end_to_end_and_never_overwrite(tmp_path, monkeypatch, tiny_h3_dir
     (image,) = H3LoadImage().load("key.png")
     assert tuple(image.shape) == (1, 40, 72, 3) and image.dtype == torch.float32
     try:
-        video, audio, latents = H3Sample().sample(handle, "waves on rocks", 5.0, 0, 0, 2, 12.0, 3.0, 3,
-                                                   first_frame=image)
+        out = H3Sample().sample(handle, "waves on rocks", 5.0, 0, 0, 2, 12.0, 3.0, 3, first_frame=image)
     finally:
         shutdown_all()
+    video, audio, latents = out["result"]
+    # the end-of-run line is a ui output (a frontend that clears progress texts at job end keeps it)
+    assert "s/step" in out["ui"]["text"][0]
     assert video.get_frame_count() == 124 and float(video.get_frame_rate()) == 24.0
     assert video.get_dimensions() == (128, 64)  # the keyframe's ~16:9 aspect on the tiny canvas
     assert audio["sample_rate"] == 32000 and audio["waveform"].shape[:2] == (1, 2)

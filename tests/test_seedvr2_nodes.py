@@ -344,8 +344,10 @@ def test_upscale_a_video_keeps_its_frames_rate_and_sound(tiny_engine, tmp_path):
     from comfyui_h3.video_file import H3FileVideo
 
     source = _clip(tmp_path)
-    (video,) = H3SeedVR2Upscale().upscale(tiny_engine, "scale", 2.0, 1080, 1920, 1080, 5, 2, "wavelet", 3, "pad",
-                                          video=source)
+    out = H3SeedVR2Upscale().upscale(tiny_engine, "scale", 2.0, 1080, 1920, 1080, 5, 2, "wavelet", 3, "pad",
+                                     video=source)
+    (video,) = out["result"]
+    assert out["ui"]["text"][0].startswith("9 frames 48x32 -> 96x64 in 2 batches"), out["ui"]  # shown in the node
     assert isinstance(video, H3FileVideo) and video.path.startswith(str(tmp_path / "temp"))  # streamed by the worker
     assert video.get_dimensions() == (96, 64) and video.get_frame_count() == 9 and video.get_frame_rate() == 24
     assert torch.equal(video.audio, source.audio) and video.sample_rate == source.sample_rate  # the input's sound
@@ -361,12 +363,12 @@ def test_upscale_images_and_a_single_image_in_memory(tiny_engine, tmp_path):
     node = H3SeedVR2Upscale()
     images = torch.rand(5, 40, 56, 3)
     (video,) = node.upscale(tiny_engine, "short side", 2.0, 60, 1920, 1080, 0, 8, "adain", 0, "pad", images=images,
-                            fps=12.0)
+                            fps=12.0)["result"]
     assert type(video) is H3Video and video.frames.dtype == torch.uint8  # small: in memory, never encoded
     assert video.get_dimensions() == (84, 60) and video.get_frame_count() == 5 and video.get_frame_rate() == 12
     assert video.audio is None
     (one,) = node.upscale(tiny_engine, "width x height", 2.0, 60, 64, 48, 0, 8, "none", 0, "crop",
-                          images=images[:1])
+                          images=images[:1])["result"]
     assert tuple(one.frames.shape) == (1, 48, 64, 3)
     assert not os.path.exists(tmp_path / "temp") or not any(files for _, _, files in os.walk(tmp_path / "temp"))
 
