@@ -9,6 +9,7 @@ worker is detected and the engine starts fresh on the next call.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -45,6 +46,7 @@ class Engine:
         config.validate()
         self.config = config
         self._executor = None  # MpExecutor | RayExecutor
+        self._request = None  # the request running now (its stream temporaries go if the workers are killed)
         self._lock = threading.RLock()
 
     @property
@@ -68,6 +70,9 @@ class Engine:
 
             try:
                 executor.start(on_wait=check_stop)
+            except (KeyboardInterrupt, SystemExit):  # the host is quitting mid-load: no rank may go on loading
+                _kill(executor)
+                raise
             except EngineCancelled:
                 executor.shutdown(timeout=2.0)
                 raise
@@ -78,7 +83,7 @@ class Engine:
             except (WorkerDied, WorkerHung) as exc:
                 raise EngineError(str(exc)) from None
             except OSError as exc:  # no process could be started (fork/spawn refused, out of file descriptors)
-                executor.kill()
+                _kill(executor)
                 raise EngineError(f"Could not start the worker processes: {exc}") from None
             self._executor = executor
 
@@ -88,11 +93,12 @@ class Engine:
         preview_every set) call `progress(done, total, preview=uint8 [H, W, 3])`."""
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         _touch(self.config)  # before our own lock: eviction takes the registry's lock, then an engine's
-        with self._lock:
+        with self._lock, _job_running():
             was_started = self.started
             self.start(should_cancel)
             load_s = None if was_started else _load_seconds(self._executor)  # this request started the engine
             runner = self._executor.run(self.config.family, request, should_cancel)
+            self._request = request
             try:
                 while True:
                     event = next(runner)
@@ -124,24 +130,48 @@ class Engine:
                 self._executor = None
                 _discard_stream_temporaries(request)
                 raise EngineError(str(exc)) from None
+            except BaseException:  # KeyboardInterrupt / SystemExit mid-job (a CLI's second Ctrl-C): the ranks are
+                if self._executor is not None:  # inside a step and would not read a Shutdown until the job ends
+                    _kill(self._executor)
+                self._executor = None
+                _discard_stream_temporaries(request)
+                raise
+            finally:
+                self._request = None
 
-    def shutdown(self, wait_s: float | None = None) -> None:
-        """Stop the workers. `wait_s`: wait at most this long for a job in another thread to let go of the engine,
-        then kill the workers outright (at interpreter exit: workers ignore the terminal's Ctrl-C, so a running job
-        would otherwise hold the exit up until it ends)."""
+    def shutdown(self, wait_s: float | None = None, timeout: float = 10.0) -> None:
+        """Stop the workers (`timeout`: how long they get to leave by themselves). `wait_s`: wait at most this long
+        for a job in another thread to let go of the engine, then kill the workers outright (at interpreter exit:
+        workers ignore the terminal's Ctrl-C, so a running job would otherwise hold the exit up until it ends)."""
         if wait_s is not None and not self._lock.acquire(timeout=wait_s):
-            executor = self._executor
-            if executor is not None:
-                executor.kill()
+            self.kill()
             return
         if wait_s is None:
             self._lock.acquire()
         try:
             if self._executor is not None:
-                self._executor.shutdown()
+                self._executor.shutdown(timeout=timeout)
                 self._executor = None
         finally:
             self._lock.release()
+
+    def kill(self) -> None:
+        """SIGKILL the workers now, without the engine's lock (a job in another thread sees WorkerDied), and remove
+        the running request's stream temporaries (the killed worker cannot)."""
+        executor, request = self._executor, self._request
+        if executor is not None:
+            _kill(executor)
+        if request is not None:
+            _discard_stream_temporaries(request)
+
+
+def _kill(executor) -> None:
+    """End an executor's workers now: the mp executor SIGKILLs them; Ray's kills its actors (its shutdown)."""
+    kill = getattr(executor, "kill", None)
+    if kill is not None:
+        kill()
+    else:
+        executor.shutdown(timeout=0.0)
 
 
 def _load_seconds(executor) -> float | None:
@@ -169,6 +199,28 @@ def worker_cause(failure) -> str:
     if len(cause) > CAUSE_CHARS:
         cause = cause[:CAUSE_CHARS].rstrip() + " ... (the whole report is in the log)"
     return cause
+
+
+_JOBS = [0]  # requests inside Engine.generate (loading or running), all engines together
+_JOBS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _job_running():
+    with _JOBS_LOCK:
+        _JOBS[0] += 1
+    try:
+        yield
+    finally:
+        with _JOBS_LOCK:
+            _JOBS[0] -= 1
+
+
+def jobs_running() -> int:
+    """How many requests are in an engine now (loading or running): while one is, a Stop asked through
+    `should_cancel` is honoured at the next step boundary, and a host can keep what the job finished. The CLI's
+    signal handler asks this to choose between that Stop and quitting at once."""
+    return _JOBS[0]
 
 
 def _discard_stream_temporaries(request) -> None:
@@ -203,17 +255,30 @@ def make_executor(config: EngineConfig):
 
 _ENGINES: "OrderedDict[EngineConfig, Engine]" = OrderedDict()  # least recently used first
 _REGISTRY_LOCK = threading.Lock()
+EXIT_WAIT_S = 0.2  # at interpreter exit, how long a job in another thread may hold an engine before it is killed
+EXIT_SHUTDOWN_S = 1.0  # how long idle workers get to leave by themselves before they are killed
+
+
 def _shutdown_at_exit() -> None:
-    """Workers never outlive the process that started them; a job still running in another thread (ComfyUI's prompt
-    thread on Ctrl-C) does not hold the exit up: its workers are killed after 2 s."""
-    got = _REGISTRY_LOCK.acquire(timeout=2.0)
+    """Workers never outlive the process that started them, and never hold its exit up (a clean exit in well under
+    2 s): idle workers are asked to leave, and a job still running in another thread (ComfyUI's prompt thread on
+    Ctrl-C) has its workers killed at once (they ignore the terminal's Ctrl-C)."""
+    got = _REGISTRY_LOCK.acquire(timeout=EXIT_WAIT_S)
     try:
         engines = list(_ENGINES.values())
     finally:
         if got:
             _REGISTRY_LOCK.release()
     for engine in engines:
-        engine.shutdown(wait_s=2.0)
+        engine.shutdown(wait_s=EXIT_WAIT_S, timeout=EXIT_SHUTDOWN_S)
+
+
+def kill_all() -> None:
+    """SIGKILL every engine's workers now, taking no lock (a signal handler's last act before its process ends: a
+    job in another thread fails with WorkerDied, if it runs at all). The stream temporaries of running jobs are
+    removed, and the queues are dropped, so their semaphores are released rather than reported as leaked."""
+    for engine in list(_ENGINES.values()):
+        engine.kill()
 
 
 atexit.register(_shutdown_at_exit)

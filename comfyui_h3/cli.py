@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -274,24 +272,31 @@ def main(argv: list[str] | None = None) -> int:
         sys.warnoptions.append(_TRACKER_QUIET)
     args = _parser().parse_args(argv)
     _show_worker_reports(bool(os.environ.get("COMFYUI_H3_DEBUG")))
-    try:
-        return {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend,
-                "upscale": _upscale, "run": _run, "demo": _demo}[args.command](args)
-    except KeyboardInterrupt:
-        print("Stopped.", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        if type(exc).__name__ == "H3Interrupted":  # a node stopped by Ctrl-C (run / demo): its message says what
-            print(str(exc) if str(exc).startswith("Stopped") else "Stopped.", file=sys.stderr)  # was kept
-            return 130
-        if not _user_facing(exc):
-            raise  # a bug: its traceback is the report
-        if os.environ.get("COMFYUI_H3_DEBUG"):
-            import traceback
+    from .cli_signals import stop_signals
 
-            traceback.print_exc()
-        print(f"error: {error_line(exc)}", file=sys.stderr)
-        return 2
+    with stop_signals() as stop:  # Ctrl-C / SIGTERM: a Stop, then quit (cli_signals.py); exit 128 + the signal
+        stopped = 130 if stop is None else None  # main() off the main thread: the host's Ctrl-C
+        try:
+            code = {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend,
+                    "upscale": _upscale, "run": _run, "demo": _demo}[args.command](args)
+            return stop.exit_code if code == 130 and stop is not None and stop.requested else code  # a SIGTERM: 143
+        except KeyboardInterrupt:
+            print("Stopped.", file=sys.stderr)
+            return stopped or stop.exit_code
+        except Exception as exc:
+            # a node stopped by Ctrl-C (run / demo): its message says what was kept; a failure that a Stop caused
+            # (a worker killed by it) is the Stop too
+            if type(exc).__name__ == "H3Interrupted" or (stop is not None and stop.requested and _user_facing(exc)):
+                print(str(exc) if str(exc).startswith("Stopped") else "Stopped.", file=sys.stderr)
+                return stopped or stop.exit_code
+            if not _user_facing(exc):
+                raise  # a bug: its traceback is the report
+            if os.environ.get("COMFYUI_H3_DEBUG"):
+                import traceback
+
+                traceback.print_exc()
+            print(f"error: {error_line(exc)}", file=sys.stderr)
+            return 2
 
 
 def _show_worker_reports(show: bool) -> None:
@@ -414,40 +419,17 @@ def _run(args) -> int:
 def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     from . import comfy_services as services
     from .cli_outputs import check_writable
+    from .cli_signals import stop_requested
     from .workflow_runner import execute
 
     if out_dir:
         os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
     check_writable(os.path.join(services.output_directory(), "H3", "probe"))  # before the workflow, not after it
-    with _ctrl_c_is_stop():
-        outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr))
+    outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr),
+                      should_stop=stop_requested)  # a node that finished despite a Stop: no node after it runs
     root = services.output_directory()
     return [os.path.join(root, item.get("subfolder", ""), item["filename"])
             for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
-
-
-@contextlib.contextmanager
-def _ctrl_c_is_stop():
-    """While nodes run, the first Ctrl-C is ComfyUI's Stop (the nodes poll the same flag: the engine stops at a step
-    boundary, an extension keeps its finished windows, the node raises H3Interrupted); a second one quits at once.
-    generate / edit / extend do the same around their engine run (cli_generate.run_on_engine)."""
-    from . import comfy_services as services
-
-    def stop(signum, frame):
-        if services.interrupt_requested():
-            raise KeyboardInterrupt
-        services.request_interrupt()
-
-    try:
-        previous = signal.signal(signal.SIGINT, stop)
-    except ValueError:  # not the main thread (main() called by a host program): Ctrl-C stays the host's
-        previous = None
-    try:
-        yield
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        services.clear_interrupt()
 
 
 def _demo(args) -> int:

@@ -32,6 +32,14 @@ def build_request(args, out_path: str):
         metadata={"comment": "comfyui-h3 extend"})
 
 
+def finished_windows(result, request) -> dict:
+    """What a run that finished every window although Ctrl-C came meanwhile kept (as a Stop's report says it)."""
+    info = result.extend or {}
+    windows, frames = len(info.get("windows", [])), int(info.get("total_frames") or 0)
+    return {"windows_done": windows, "windows": windows, "frames": frames, "path": request.output_path,
+            "seconds": frames / float(result.fps)}
+
+
 def extend(args, model_dir) -> int:
     """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
     from .cli_generate import run_on_engine, save_latents_file
@@ -52,7 +60,7 @@ def extend(args, model_dir) -> int:
         request.output_path = outputs.stage(out)  # the worker streams into it and publishes it complete there
         stopped = {}
         result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
-                               on_cancelled=stopped.update)
+                               on_cancelled=stopped.update, finished=lambda done: finished_windows(done, request))
         if result is None:
             if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
                 folder, prefix = partial_prefix_for(out)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -144,11 +143,13 @@ def native_file_args(args) -> dict[str, str]:
     return {part: getattr(args, flag) for part, flag in NATIVE_FILE_FLAGS.items() if getattr(args, flag, None)}
 
 
-def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None):
+def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_cancelled=None, finished=None):
     """Run a request through the engine (the nodes' worker path) with progress on stderr; Ctrl-C finishes the step
-    and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept).
+    and stops. Returns the result, or None when stopped (then `on_cancelled(extra)` gets what the job kept;
+    `finished(result)` -> that `extra` for a job that completed although a Stop was asked meanwhile).
     `status(done, total)` -> the text in front of each progress line."""
     from . import comfy_services as services
+    from .cli_signals import stop_requested
     from .backend.engine import EngineCancelled, get_engine
     from .backend.pipelines.h3.family import h3_config
     from .backend.pipelines.h3.offload import parse_resident_blocks
@@ -163,21 +164,17 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
                                   attention=attention_name(args), student=student_file(args),
                                   files=native_file_args(args)))
     reporter = services.ProgressReporter(request.steps, desc=desc)
-    stop = {"flag": False}
-
-    def on_ctrl_c(signum, frame):  # the first finishes the step, then stops; a second quits at once
-        if stop["flag"]:
-            raise KeyboardInterrupt
-        stop["flag"] = True
-
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         def progress(done, total):
             if status is not None:
                 reporter.set_text(status(done, total))
             reporter.update_absolute(done, total)
 
-        return engine.generate(request, progress=progress, should_cancel=lambda: stop["flag"])
+        # Ctrl-C / SIGTERM (cli_signals.py): the first finishes the step, then stops; a second quits at once
+        result = engine.generate(request, progress=progress, should_cancel=stop_requested)
+        if stop_requested():  # the Stop came after the last step boundary (decoding, encoding): still a Stop
+            raise EngineCancelled("Stopped after the last step.", finished(result) if finished else None)
+        return result
     except EngineCancelled as exc:
         if on_cancelled is not None:
             on_cancelled(exc.extra)
@@ -185,7 +182,6 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
             print("Stopped at a step boundary; nothing was written.", file=sys.stderr)
         return None
     finally:
-        signal.signal(signal.SIGINT, previous)
         engine.shutdown()
 
 

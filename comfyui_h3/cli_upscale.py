@@ -5,7 +5,6 @@ existing file); Ctrl-C finishes the current batch and keeps the finished frames 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 
@@ -98,30 +97,28 @@ def upscale(args, files) -> int:
 
 
 def run_upscale(config, request, stopped: dict):
-    """Run the request with "batch k/K" progress on stderr; the first Ctrl-C finishes the batch and stops (what the
-    job kept goes into `stopped`, the result is None), a second quits at once."""
+    """Run the request with "batch k/K" progress on stderr; the first Ctrl-C / SIGTERM finishes the batch and stops
+    (what the job kept goes into `stopped`, the result is None; a run that finished meanwhile keeps all its frames),
+    a second quits at once (cli_signals.py)."""
     from . import comfy_services as services
     from .backend.engine import EngineCancelled, get_engine
+    from .cli_signals import stop_requested
 
     engine = get_engine(config)
     reporter = services.ProgressReporter(1, desc="SeedVR2 upscale")
-    stop = {"flag": False}
-
-    def on_ctrl_c(signum, frame):
-        if stop["flag"]:
-            raise KeyboardInterrupt
-        stop["flag"] = True
 
     def progress(done, total):
         reporter.set_text(f"batch {done}/{total}")
         reporter.update_absolute(done, total)
 
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
-        return engine.generate(request, progress=progress, should_cancel=lambda: stop["flag"])
+        result = engine.generate(request, progress=progress, should_cancel=stop_requested)
+        if stop_requested():  # after the last batch's boundary (its decode, the file's end): still a Stop
+            stopped.update(batches_done=result.batches, batches=result.batches, frames_done=result.frames_done)
+            return None
+        return result
     except EngineCancelled as exc:
         stopped.update(exc.extra or {})
         return None
     finally:
-        signal.signal(signal.SIGINT, previous)
         engine.shutdown()

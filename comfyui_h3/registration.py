@@ -80,3 +80,7 @@ def prewarm_workers() -> None:
 
 if services.comfy_available():
     prewarm_workers()
+    # SIGTERM to ComfyUI ends the workers and their forkserver first, and leaks no semaphore (host_shutdown.py).
+    from .host_shutdown import install_sigterm_hook
+
+    install_sigterm_hook()

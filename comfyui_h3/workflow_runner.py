@@ -80,10 +80,12 @@ def _order(prompt: dict, roots: list[str]) -> list[str]:
     return order
 
 
-def execute(prompt: dict, node_classes: dict | None = None,
-            on_node: Callable[[str, str], None] | None = None) -> dict[str, dict]:
+def execute(prompt: dict, node_classes: dict | None = None, on_node: Callable[[str, str], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> dict[str, dict]:
     """Check the workflow (WorkflowError before anything runs), then run its output nodes and what they need;
-    returns {node_id: ui dict} for output nodes."""
+    returns {node_id: ui dict} for output nodes. `should_stop()` true before a node, or after the last one (a node
+    that ignored the Stop, or finished its work before it saw it): H3Interrupted, and no later node runs (nothing
+    is saved from a stopped run but what a node kept on its Stop)."""
     if node_classes is None:
         from .registration import NODE_CLASS_MAPPINGS as node_classes
     original = prompt
@@ -91,6 +93,7 @@ def execute(prompt: dict, node_classes: dict | None = None,
     results: dict[str, tuple] = {}
     ui_outputs: dict[str, dict] = {}
     for node_id in _order(prompt, outputs):
+        _stop_if_asked(should_stop)
         spec = prompt[node_id]
         cls = node_classes[spec["class_type"]]
         declared = declared_inputs(cls)
@@ -111,4 +114,12 @@ def execute(prompt: dict, node_classes: dict | None = None,
         elif getattr(cls, "OUTPUT_NODE", False):
             ui_outputs[node_id] = {}
         results[node_id] = value
+    _stop_if_asked(should_stop)
     return ui_outputs
+
+
+def _stop_if_asked(should_stop: Callable[[], bool] | None) -> None:
+    if should_stop is not None and should_stop():
+        from .comfy_services.errors import H3Interrupted
+
+        raise H3Interrupted("Stopped by the user.")

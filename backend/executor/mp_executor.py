@@ -14,7 +14,9 @@ next use.
 
 Signals: workers start with SIGINT blocked (inherited from the spawning thread), then ignore it and leave the host's
 process group (worker.leave_terminal_signals), so a terminal's Ctrl-C reaches only the host, which turns it into the
-agreed Stop. A worker still exits when its host dies (it polls its parent).
+agreed Stop. A worker still ends with its host: on Linux the kernel kills the forkserver when the host dies and a
+worker when its forkserver (or spawning host) dies (parent_death.py); elsewhere, and as a fallback, the heartbeat
+thread sees the host's sentinel close and exits within ORPHAN_GRACE_S (liveness.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import queue
 import signal
 import sys
+import threading
 import time
 import types
 from typing import Callable, Iterator
@@ -127,6 +130,8 @@ def _forkserver_environment():
     the CUDA driver in the process the workers are forked from."""
     root = _package_parent()
     changes = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    if _forks_from_a_lasting_thread():  # the server dies with us (parent_death.py): never a lingering importer
+        changes["COMFYUI_H3_DIE_WITH_PID"] = str(os.getpid())
     if root:
         changes[PRELOAD_PATH_ENV] = root
         changes["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), root]))
@@ -140,6 +145,12 @@ def _forkserver_environment():
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _forks_from_a_lasting_thread() -> bool:
+    """Whether a child started from this thread may ask to die with its parent: the kernel's parent-death signal
+    follows the forking thread, and only the main thread lives as long as the process."""
+    return threading.current_thread() is threading.main_thread()
 
 
 def prewarm() -> bool:
@@ -195,13 +206,15 @@ class MpExecutor:
         self._shared = SharedCounters(ctx, n)
         self._watchdog = Watchdog(n, bounds)
         port = _free_port() if n > 1 else 0
+        # A forked worker's parent is the forkserver's one thread; a spawned one's is this thread.
+        die_with_parent = ctx.get_start_method() == "forkserver" or _forks_from_a_lasting_thread()
         with _spawn_environment(), _sigint_blocked(), _forkserver_environment():
             try:
                 for rank in range(n):
                     commands = ctx.Queue()
                     proc = ctx.Process(target=worker_main, name=f"comfyui-h3-worker-{rank}", daemon=True,
                                        args=(rank, n, self.config, commands, self._events, self._shared, port,
-                                             bounds.heartbeat_s))
+                                             bounds.heartbeat_s, die_with_parent))
                     proc.start()
                     self._procs.append(proc)
                     self._commands.append(commands)

@@ -16,6 +16,7 @@ import traceback
 from typing import Callable
 
 PARENT_POLL_S = 1.0
+ORPHAN_GRACE_S = 3.0  # a host gone: time for the main thread to leave at a step boundary before the heartbeat exits
 
 
 def setup_rank(rank: int, world_size: int, engine_config, master_addr: str = "127.0.0.1", master_port: int = 0,
@@ -96,7 +97,7 @@ def leave_terminal_signals() -> None:
     turn into Stop, never a KeyboardInterrupt here. The worker ignores SIGINT, then unblocks it (the host spawned it
     blocked, so one sent meanwhile was held and is now discarded), and moves to its own process group: the
     terminal's other job-control signals reach only the host too, and the host can kill a worker with whatever it
-    started. It still exits with its host (the parent poll in worker_main / the heartbeat)."""
+    started. It still exits with its host (the parent-death signal, the parent poll in worker_main, the heartbeat)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -110,15 +111,21 @@ def leave_terminal_signals() -> None:
 
 
 def worker_main(rank: int, world_size: int, engine_config, commands, events, shared, master_port: int = 0,
-                heartbeat_s: float = 60.0) -> None:
+                heartbeat_s: float = 60.0, die_with_parent: bool = False) -> None:
     """The `mp` executor's process: beat, load, report Ready (or Failed), then serve Jobs from `commands`.
-    `shared`: mp_executor.SharedCounters (this rank's heartbeat, step marks and Stop acknowledgement; the Stop token)."""
+    `shared`: mp_executor.SharedCounters (this rank's heartbeat, step marks and Stop acknowledgement; the Stop token).
+    `die_with_parent`: the parent's forking thread lasts as long as it does (parent_death.py): ask the kernel to kill
+    this rank with it."""
     import multiprocessing
     import queue
 
     from .liveness import Heartbeat
     from .messages import Failed, Job, Shutdown
 
+    if die_with_parent:
+        from .parent_death import die_with_parent as arm
+
+        arm()
     leave_terminal_signals()
     host = multiprocessing.parent_process()  # the process that started us (its sentinel, not our parent pid: a
     # forkserver, not the host, is the parent of a forked worker)
@@ -135,7 +142,11 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, sha
     def ack(token: int) -> None:
         shared.acks[rank] = token
 
-    Heartbeat(beat, ack, lambda: shared.stop.value, orphaned, orphan_grace_s=heartbeat_s).start()
+    if orphaned():  # the host died before the parent-death signal was armed
+        os._exit(3)
+    # No one reads a dead host's results: a rank whose main thread does not leave at a step boundary soon after
+    # (one long batch, a stuck call) is ended by its heartbeat thread.
+    Heartbeat(beat, ack, lambda: shared.stop.value, orphaned, orphan_grace_s=min(heartbeat_s, ORPHAN_GRACE_S)).start()
 
     try:
         pipeline, ready = setup_rank(rank, world_size, engine_config, "127.0.0.1", master_port)

@@ -8,6 +8,14 @@ A failure to import any of it only costs that time back in the worker: the forks
 import importlib
 import os
 
+# First, before the imports below (seconds of them): end with the host (parent_death.py). The host names itself only
+# when it started this server from a thread that lives as long as it does (its main thread).
+_host = os.environ.pop("COMFYUI_H3_DIE_WITH_PID", None)
+if _host:
+    from .parent_death import die_with_parent
+
+    die_with_parent(parent_pid=int(_host))
+
 # The host put the package's folder on this process's PYTHONPATH only so this import could be found (the
 # forkserver does not take the host's sys.path on Python < 3.13): take it out of the environment the workers and
 # anything they start inherit (each worker gets the host's sys.path when it starts).
