@@ -98,3 +98,30 @@ def test_frozen_worker_is_a_node_error_within_the_bound_and_the_next_prompt_runs
     again = comfy.wait_for_prompt(_queue(comfy, _text_to_video(steps=1)))
     assert again["status"]["status_str"] == "success", comfy.why(str(again["status"]))
     assert worker not in comfy.workers()
+
+
+def test_sigterm_ends_comfyui_its_workers_and_forkserver_within_2_s_leaking_nothing(tmp_path):
+    """Issue 28 #10: SIGTERM (a service manager's stop) to a ComfyUI that ran an H3 prompt: ComfyUI ends by the signal
+    as before, within 2 s nothing it started is left (the workers, the forkserver), and the resource tracker reports
+    no leaked semaphore."""
+    import psutil
+
+    with running_comfyui(tmp_path) as server:
+        done = server.wait_for_prompt(_queue(server, _text_to_video(steps=1)))
+        assert done["status"]["status_str"] == "success", server.why(str(done["status"]))
+        started = [p for p in psutil.Process(server.proc.pid).children(recursive=True)]
+        assert server.workers(), server.why("no worker ran the prompt")
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
+        assert server.proc.returncode == -signal.SIGTERM, server.why(f"exit {server.proc.returncode}")
+
+        def left():
+            return [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+        while left() and time.monotonic() - sent < 30:
+            time.sleep(0.05)
+        waited = time.monotonic() - sent
+        assert not left() and waited < 2.0, server.why(f"processes {left()} were there {waited:.1f} s after SIGTERM")
+        time.sleep(1.0)  # the resource tracker writes its report when its pipe closes
+        assert "leaked semaphore" not in server.log(), server.why("semaphores leaked")

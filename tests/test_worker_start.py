@@ -1,9 +1,12 @@
 """Workers fork from a forkserver that imported the heavy libraries once (mp_executor.prewarm / worker_preload.py);
 COMFYUI_H3_WORKER_START=spawn spawns them as before. Both start equal engines."""
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -51,3 +54,91 @@ def test_preload_takes_its_path_back_out_of_the_environment(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == repr((os.pathsep.join(before), None, "torch"))
+
+
+# A host process: prewarm, run one job on a forked worker, then wait to be killed. It prints the pids it started.
+_HOST = """
+import os, sys, time
+from comfyui_h3.backend.engine import get_engine
+from comfyui_h3.backend.executor import mp_executor
+from comfyui_h3.backend.pipelines.h3.family import h3_config
+from comfyui_h3.backend.pipelines.h3.request import H3Request
+from comfyui_h3.host_shutdown import install_sigterm_hook
+from multiprocessing import forkserver
+
+mp_executor.prewarm()
+server = forkserver._forkserver._forkserver_pid
+if sys.argv[2] == 'preloading':
+    print('pids', server, flush=True)
+    time.sleep(120)
+engine = get_engine(h3_config(sys.argv[1], device='cpu', dtype='float32'))
+engine.generate(H3Request(prompt='rain', num_frames=124, steps=1, seed=5, width=64, height=64))
+assert install_sigterm_hook()
+print('pids', server, *[p.pid for p in engine._executor._procs], flush=True)
+time.sleep(120)
+"""
+
+
+def _start_host(tiny_h3_dir, stage: str):
+    env = dict(os.environ, COMFYUI_H3_WORKER_START="forkserver")
+    proc = subprocess.Popen([sys.executable, "-c", _HOST, str(tiny_h3_dir), stage], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    line = proc.stdout.readline()
+    if not line.startswith("pids"):
+        proc.kill()
+        pytest.fail(f"the host did not start: {line}{proc.communicate(timeout=60)[1][-3000:]}")
+    return proc, [int(p) for p in line.split()[1:]]
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pids, seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _running(p)]
+
+
+def _kill_all(proc, pids):
+    for pid in [proc.pid, *pids]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+@needs_forkserver
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's (prctl)")
+def test_sigkilled_host_takes_its_preloading_forkserver_with_it(tiny_h3_dir):
+    """Issue 28 #10/#18: the forkserver dies with its host even while it still imports torch & co. (it used to finish
+    its ~5-20 s of imports first), so a host killed outright leaves nothing behind."""
+    proc, pids = _start_host(tiny_h3_dir, "preloading")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        assert _gone_within(pids, 2.0) == [], "the forkserver outlived its SIGKILLed host by 2 s"
+    finally:
+        _kill_all(proc, pids)
+
+
+@needs_forkserver
+def test_sigterm_ends_host_workers_and_forkserver_within_2_s_and_leaks_no_semaphore(tiny_h3_dir):
+    """Issue 28 #10, without ComfyUI: a host whose SIGTERM is the default (as ComfyUI's) with the pack's hook ends by
+    SIGTERM at once; its worker and forkserver are gone within 2 s and the resource tracker reports nothing leaked."""
+    proc, pids = _start_host(tiny_h3_dir, "loaded")
+    try:
+        sent = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        assert proc.returncode == -signal.SIGTERM
+        assert _gone_within(pids, max(0.1, 2.0 - (time.monotonic() - sent))) == [], \
+            f"still running 2 s after SIGTERM: {[p for p in pids if _running(p)]}"
+        stderr = proc.communicate(timeout=30)[1]
+        assert "leaked semaphore" not in stderr, stderr[-3000:]
+    finally:
+        _kill_all(proc, pids)

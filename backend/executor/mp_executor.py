@@ -323,11 +323,18 @@ class MpExecutor:
             _kill_process_group(proc)
         for proc in self._procs:
             proc.join(5)
-        for q in [*self._commands, self._events]:
-            if q is not None:
-                with contextlib.suppress(Exception):
-                    q.cancel_join_thread()  # a Job still in a dead worker's pipe must not hang our exit
-                    q.close()
+        queues = [q for q in [*self._commands, self._events] if q is not None]
+        for q in queues:
+            with contextlib.suppress(Exception):
+                q.cancel_join_thread()  # a Job still in a dead worker's pipe must not hang our exit
+                q.close()
+        # Each queue's feeder thread holds two of its semaphores until it has seen the close: let it go (briefly;
+        # never on a pipe no one reads), so they are released with the queue, not reported as leaked at exit.
+        deadline = time.monotonic() + 0.5
+        for q in queues:
+            feeder = getattr(q, "_thread", None)
+            if feeder is not None:
+                feeder.join(max(0.0, deadline - time.monotonic()))
         self._procs, self._commands, self.ready = [], [], []
         self._events = None
 

@@ -127,6 +127,7 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, sha
 
         arm()
     leave_terminal_signals()
+    _thread_lock_for_progress_bars()
     host = multiprocessing.parent_process()  # the process that started us (its sentinel, not our parent pid: a
     # forkserver, not the host, is the parent of a forked worker)
 
@@ -175,6 +176,19 @@ def worker_main(rank: int, world_size: int, engine_config, commands, events, sha
         if rank == 0 or isinstance(outcome, Failed):  # other ranks' results are rank 0's
             events.put(outcome)
     close_process_group()
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """tqdm (the libraries' loading bars) otherwise makes a multiprocessing lock, a named semaphore owned by the
+    host's resource tracker: a rank killed by SIGKILL (a Stop not honoured in time, the host's shutdown) never
+    unlinks it, and the tracker reports it as leaked when the host exits. A thread lock serves one process's bars."""
+    import threading
+
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
 
 
 def close_process_group() -> None:
