@@ -58,9 +58,10 @@ def env_for(tiny_h3_dir):
     return dict(os.environ, PYTHONPATH=REPO, COMFYUI_H3_CACHE=str(tiny_h3_dir.parent))
 
 
-def run_and_interrupt(cmd, cwd, env, ready):
+def run_and_interrupt(cmd, cwd, env, ready, sig=signal.SIGINT):
     """Start `cmd` in its own session, send SIGINT to its whole process group (what a terminal does) once a stderr
-    line satisfies `ready`. -> (returncode, stdout, stderr with a '<SIGINT>' line where it was sent, worker pids)."""
+    line satisfies `ready`. -> (returncode, stdout, stderr with a '<SIGINT>' line where it was sent, worker pids).
+    `sig` SIGTERM: sent to the command's process only, as `timeout` or a service manager does."""
     # Its own session: the test's process group (pytest) never sees the SIGINT, as a terminal's other jobs do not.
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -73,7 +74,10 @@ def run_and_interrupt(cmd, cwd, env, ready):
                 workers.extend(children(proc.pid))
                 interrupted.set()
                 lines.append("<SIGINT>\n")
-                os.killpg(proc.pid, signal.SIGINT)
+                if sig == signal.SIGINT:
+                    os.killpg(proc.pid, signal.SIGINT)
+                else:
+                    os.kill(proc.pid, sig)
 
     reader = threading.Thread(target=read_stderr, daemon=True)
     reader.start()
@@ -142,4 +146,104 @@ def test_ctrl_c_during_run_is_the_nodes_stop(tmp_path, tiny_h3_dir):
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert lines_after_sigint(stderr) == ["Stopped by the user."], stderr
     assert stdout.strip() == "" and not list((tmp_path / "out").rglob("*.mp4"))
+    assert_no_worker_left(workers)
+
+
+# Issue 28 #17 / #18: one rule for Ctrl-C and SIGTERM, at every stage.
+
+def test_the_stop_rule_first_signal_stops_a_job_or_quits_outside_one_second_quits(monkeypatch):
+    """Inside an engine job the first Ctrl-C / SIGTERM is the Stop (the nodes' flag too); outside one (reading,
+    encoding, saving, between workflows) it quits at once; a second quits at once; later ones leave the clean-up be."""
+    from comfyui_h3 import cli_signals
+    from comfyui_h3 import comfy_services as services
+    from comfyui_h3.backend import engine
+
+    try:
+        monkeypatch.setattr(engine, "jobs_running", lambda: 1)
+        during_a_job = cli_signals.StopSignals()
+        during_a_job.handle(signal.SIGTERM, None)
+        assert during_a_job.requested and services.interrupt_requested() and during_a_job.exit_code == 143
+        with pytest.raises(KeyboardInterrupt):
+            during_a_job.handle(signal.SIGINT, None)
+        during_a_job.handle(signal.SIGINT, None)  # a third while the command cleans up: ignored
+        services.clear_interrupt()
+
+        monkeypatch.setattr(engine, "jobs_running", lambda: 0)
+        between = cli_signals.StopSignals()
+        with pytest.raises(KeyboardInterrupt):
+            between.handle(signal.SIGINT, None)
+        assert between.exit_code == 130
+    finally:
+        services.clear_interrupt()
+
+
+def test_a_node_that_finished_despite_a_stop_runs_no_node_after_it():
+    """`run` of seedvr2_upscale_video saved the whole result with exit 0 when Ctrl-C came during its one batch: the
+    runner now checks the Stop before every node (and after the last), so the Save never runs."""
+    from comfyui_h3.comfy_services.errors import H3Interrupted
+    from comfyui_h3.workflow_runner import execute
+
+    asked, saved = [], []
+
+    class Upscale:  # Ctrl-C arrives while it runs, and it finishes anyway
+        RETURN_TYPES, FUNCTION = ("INT",), "run"
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {}}
+
+        def run(self):
+            asked.append(True)
+            return (7,)
+
+    class Save:
+        RETURN_TYPES, FUNCTION, OUTPUT_NODE = (), "run", True
+
+        @classmethod
+        def INPUT_TYPES(cls):
+            return {"required": {"value": ("INT", {})}}
+
+        def run(self, value):
+            saved.append(value)
+            return {}
+
+    prompt = {"1": {"class_type": "Upscale", "inputs": {}}, "2": {"class_type": "Save", "inputs": {"value": ["1", 0]}}}
+    with pytest.raises(H3Interrupted, match="Stopped by the user"):
+        execute(prompt, {"Upscale": Upscale, "Save": Save}, should_stop=lambda: bool(asked))
+    assert asked and not saved
+    assert execute(prompt, {"Upscale": Upscale, "Save": Save}, should_stop=lambda: False) == {"2": {}}
+    assert saved == [7]
+
+
+@pytest.fixture(scope="module")
+def seedvr2_cache(tmp_path_factory):
+    from comfyui_h3.tiny_model import ensure_tiny_seedvr2
+
+    folder = tmp_path_factory.mktemp("cache")
+    ensure_tiny_seedvr2(folder / "tiny-seedvr2-3b")
+    return folder
+
+
+def test_sigterm_during_upscale_is_a_stop_that_leaves_no_temporary_and_no_worker(tmp_path, seedvr2_cache):
+    """SIGTERM (`timeout`) of `upscale` used to end the CLI on the spot: its worker ran on for 30-120 s and the hidden
+    `.up.mp4.*.part` (and the worker's `..up.mp4.*.part.*.tmp`) stayed. It is now Ctrl-C's Stop: exit 143, the
+    finished batches kept as the partial, nothing hidden left, the worker gone."""
+    from comfyui_h3.backend.media.save import write_mp4
+
+    rng = np.random.default_rng(3)
+    src = write_mp4(str(tmp_path / "in.mp4"), torch.from_numpy(rng.integers(0, 256, (41, 64, 96, 3), dtype=np.uint8)),
+                    24)
+    out = tmp_path / "up.mp4"
+    cmd = [sys.executable, "-m", "comfyui_h3", "upscale", "--video", src, "--batch-frames", "5", "--overlap", "1",
+           "--device", "cpu", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=REPO, COMFYUI_H3_CACHE=str(seedvr2_cache), COMFYUI_H3_MODELS="")
+    rc, stdout, stderr, workers = run_and_interrupt(cmd, tmp_path, env,
+                                                    lambda line: re.search(r"batch 1/10", line) is not None,
+                                                    sig=signal.SIGTERM)
+    assert rc == 143, stderr
+    assert "Traceback" not in stderr, stderr
+    assert lines_after_sigint(stderr)[-1].startswith("Stopped after "), stderr
+    assert not out.exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == [], os.listdir(tmp_path)
+    assert stdout.split() == [str(tmp_path / "up_partial_00001.mp4")]
     assert_no_worker_left(workers)
