@@ -53,11 +53,6 @@ class StopSignals:
 _current: StopSignals | None = None
 
 
-def current() -> StopSignals | None:
-    """The handler of the command running now (None outside `main`, or when main runs off the main thread)."""
-    return _current
-
-
 def stop_requested() -> bool:
     """A Stop was asked (by a signal, or a node's Stop flag when a host program drives us)."""
     return _current is not None and _current.requested
