@@ -100,10 +100,61 @@ def test_vfr_bframes_video_ends_with_its_audio(tmp_path, count, pause_at):
 def test_last_frame_end_rules():
     # declared stream end after the frame: used (a long last frame in a screen recording stays long)
     assert _last_frame_end(1000, 30, True, 5000, None, 40) == 5000
-    # ... but never past the container's end
-    assert _last_frame_end(1000, 30, False, 9000, 1500, 40) == 1500
+    # ... the container's agreeing end too (the earlier of the two)
+    assert _last_frame_end(1000, 30, True, 5000, 5020, 40) == 5000
+    # ends that disagree: never more than one frame past the last timestamp (the shortest of the median interval,
+    # the step into the last frame and, without B-frames, its packet duration)
+    assert _last_frame_end(1000, 30, False, 9000, 1500, 40) == 1030
+    assert _last_frame_end(1000, 30, True, 9000, 1500, 40) == 1040
+    assert _last_frame_end(1000, None, False, 2000, 1042, 1000, last_step=42) == 1042
+    assert _last_frame_end(1000, None, False, 2000, 9_000_000, 1000, last_step=42) == 1042
     # declared end missing or before the frame (an MP4 whose sample durations follow lagging dts): packet duration
     # without B-frames, the median interval with them
     assert _last_frame_end(1000, 3000, False, 900, None, 40) == 4000
     assert _last_frame_end(1000, 3000, True, 900, None, 40) == 1040
     assert _last_frame_end(1000, None, False, None, None, 40) == 1040
+
+
+def _write_gappy_ts(path, pts_ms: list[int], audio_seconds: float, audio_codec: str) -> None:
+    """MPEG-TS (no packet durations) with frames mostly 1 s apart: its demuxer estimates the stream's duration from
+    that low average rate (a screen recording that only writes frames when something changes)."""
+    with av.open(str(path), "w", format="mpegts") as out:
+        video = out.add_stream("libx264", rate=24)
+        video.width, video.height, video.pix_fmt = 64, 48, "yuv420p"
+        video.time_base = video.codec_context.time_base = Fraction(1, 1000)
+        video.options = {"x264-params": "bframes=0:keyint=12", "threads": "1"}
+        audio = out.add_stream(audio_codec, rate=RATE if audio_codec == "aac" else 48000)
+        audio.layout = "stereo"
+        for i, pts in enumerate(pts_ms):
+            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), (8 * i) % 256, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = 1000 + pts, Fraction(1, 1000)  # 1 s in: the audio's priming stays >= 0
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        rate = audio.codec_context.sample_rate
+        samples, size = int(audio_seconds * rate), audio.codec_context.frame_size or 1152
+        fmt = audio.codec_context.format.name
+        for start in range(0, samples, size):
+            block = np.zeros((1, 2 * size), np.int16) if fmt == "s16" else np.zeros((2, size), np.float32)
+            frame = av.AudioFrame.from_ndarray(block, format=fmt, layout="stereo")
+            frame.sample_rate, frame.pts = rate, rate + start
+            for packet in audio.encode(frame):
+                out.mux(packet)
+        for packet in audio.encode():
+            out.mux(packet)
+
+
+@pytest.mark.parametrize("audio_codec", ["aac", "mp2"])
+def test_gappy_file_ends_one_frame_after_its_last_timestamp(tmp_path, audio_codec):
+    """Frames 1 s apart for 16 s, then 24 fps up to a last frame at 16.375 s, audio to 16.417 s: the demuxer's
+    estimated stream end (17.375 s) disagrees with the container's, and used to add a second (417 frames)."""
+    path = tmp_path / "gaps.ts"
+    pts = list(range(0, 16000, 1000)) + [16042, 16083, 16125, 16167, 16208, 16250, 16292, 16333, 16375]
+    _write_gappy_ts(path, pts, 16.417, audio_codec)
+    with av.open(str(path)) as container:  # the hazard is really there
+        stream = container.streams.video[0]
+        assert float(stream.duration * stream.time_base) > 17.3
+    plan = plan_frames(str(path), force_rate=24)
+    assert plan.frame_count == 394, plan.frame_count  # 16.375 s + one 42-ms frame = 16.417 s at 24 fps
+    assert abs(plan.duration - 16.417) < 0.05

@@ -18,8 +18,8 @@ before any frame is decoded (`plan_frames`), and lets the decode pass convert on
 
 Frame selection, in this order (the VideoHelperSuite convention):
 1. Grid: source frame i with presentation time t_i (seconds after the first frame) lands on slot
-   floor(t_i * rate + 1/2) and is held until the next frame's slot; the last one until the stream's declared end
-   (never a B-frame file's decode-order packet gap: `_last_frame_end`).
+   floor(t_i * rate + 1/2) and is held until the next frame's slot; the last one until the stream's declared end,
+   never more than one frame past its timestamp where the declared ends disagree (`_last_frame_end`).
    For a constant-rate file t_i = i / src_rate, which is the MiniMax-H3 reference's hold resample (`hold_counts`).
    A slot that two frames both start in keeps the later frame (frames faster than the grid are dropped).
 2. skip_first_frames: drop that many (grid) frames.
@@ -153,20 +153,38 @@ def _slot(offset_ticks: int, tb: Fraction, rate: Fraction) -> int:
 
 
 def _last_frame_end(last: int, packet_duration: int | None, reordered: bool, declared_end: int | None,
-                    container_end: int | None, interval: int) -> int:
+                    container_end: int | None, interval: int, last_step: int | None = None,
+                    audio_end: int | None = None) -> int:
     """Stream time (ticks) at which the last frame (pts `last`) stops showing.
 
-    The stream's declared end (start + duration, never past the container's end) when it lies after the frame;
-    else the frame's packet duration, but only without B-frames: with them, packet durations follow decode order
-    (an MP4's sample durations), and the last-shown frame's can be a gap between two other frames, seconds long;
-    else the typical (median) frame interval."""
-    if declared_end is not None and container_end is not None and container_end > last:
-        declared_end = min(declared_end, container_end)
-    if declared_end is not None and declared_end > last:
-        return declared_end
-    if packet_duration and not reordered:
-        return last + packet_duration
-    return last + interval
+    One frame here is the shortest trustworthy spacing near the end: the typical (median) interval, the step into
+    the last frame, and its packet duration, the latter only without B-frames (with them, packet durations follow
+    decode order, an MP4's sample durations, and the last-shown frame's can be a gap between two others).
+    - The declared ends after the frame (the stream's start + duration, the container's end, the soundtrack's end)
+      when they agree to within one frame: the earliest (a long last frame in a screen recording stays long).
+    - When they disagree (an MPEG-TS demuxer's stream duration estimated from a gappy file's low average rate, a
+      container end pulled out by the audio or by a wrapped timestamp), the earliest, but never later than one
+      frame past the last timestamp: such a file must not gain a second.
+    - With no declared end after the frame: one frame past it."""
+    trusted = packet_duration if packet_duration and not reordered else None
+    one_frame = min(step for step in (interval, last_step, trusted) if step and step > 0)
+    ends = [end for end in (declared_end, container_end, audio_end) if end is not None and end > last]
+    if not ends:
+        return last + (trusted or one_frame)
+    earliest = min(ends)
+    if max(ends) - earliest <= one_frame:
+        return earliest
+    return min(earliest, last + one_frame)
+
+
+def _audio_end(container, tb: Fraction) -> int | None:
+    """The first audio stream's declared end (start + duration) in video ticks `tb`, when it declares both."""
+    if not container.streams.audio:
+        return None
+    audio = container.streams.audio[0]
+    if audio.start_time is None or not audio.duration or not audio.time_base:
+        return None
+    return math.floor((audio.start_time + audio.duration) * Fraction(audio.time_base) / tb)
 
 
 def _check_options(frame_load_cap, skip_first_frames, select_every_nth, force_rate, max_seconds):
@@ -255,6 +273,7 @@ def plan_frames(
         if container.duration:
             start = container.start_time or 0
             container_end = math.floor(Fraction(start + container.duration, av.time_base) / tb)
+        audio_end = _audio_end(container, tb)
         metadata = dict(container.metadata)
         has_audio = bool(container.streams.audio)
         coded = (stream.width or first_size[0], stream.height or first_size[1]) if first_size else (stream.width,
@@ -265,7 +284,8 @@ def plan_frames(
     steps = sorted(b - a for a, b in zip(times, times[1:]))
     interval = steps[len(steps) // 2] if steps else max(1, round(1 / (src_rate * tb)))
     end = _last_frame_end(last, durations.get(last), reordered, None if stopped else declared_end,
-                          None if stopped else container_end, interval)
+                          None if stopped else container_end, interval, last - times[-2] if len(times) > 1 else None,
+                          None if stopped else audio_end)
     slots = [_slot(t - t0, tb, grid) for t in times] + [_slot(end - t0, tb, grid)]
 
     sources: list[int] = []
