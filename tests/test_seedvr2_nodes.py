@@ -347,7 +347,7 @@ def test_upscale_a_video_keeps_its_frames_rate_and_sound(tiny_engine, tmp_path):
     out = H3SeedVR2Upscale().upscale(tiny_engine, "scale", 2.0, 1080, 1920, 1080, 5, 2, "wavelet", 3, "pad",
                                      video=source)
     (video,) = out["result"]
-    assert out["ui"]["text"][0].startswith("9 frames 48x32 -> 96x64 in 2 batches"), out["ui"]  # shown in the node
+    assert out["ui"]["text"][0].startswith("9 frames 48x32 -> 96x64 in 3 batches"), out["ui"]  # shown in the node
     assert isinstance(video, H3FileVideo) and video.path.startswith(str(tmp_path / "temp"))  # streamed by the worker
     assert video.get_dimensions() == (96, 64) and video.get_frame_count() == 9 and video.get_frame_rate() == 24
     assert torch.equal(video.audio, source.audio) and video.sample_rate == source.sample_rate  # the input's sound
