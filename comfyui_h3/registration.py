@@ -18,7 +18,7 @@ from .nodes.seedvr2_upscale import H3SeedVR2Upscale
 from .nodes.track_mask import H3TrackMask
 from . import comfy_services as services
 from .install_samples import install_sample_inputs
-from .routes import register_routes
+from .routes import register_routes, register_template_order
 
 NODE_CLASS_MAPPINGS = {
     "H3_ModelLoader": H3ModelLoader,
@@ -56,6 +56,8 @@ WEB_DIRECTORY = "./js"
 
 # The mask editor's frame routes, on ComfyUI's server when one is running in this process (nothing elsewhere).
 register_routes()
+# The template browser's cards of this pack in a newcomer's order (comfyui_h3/templates.py).
+register_template_order()
 # The shipped workflows' sample inputs into ComfyUI's input folder (a file a user has there is never replaced).
 if services.comfy_available():
     install_sample_inputs(services.input_directory())

@@ -213,3 +213,59 @@ def register_routes() -> bool:
 
     _registered = True
     return True
+
+
+_order_registered = False
+LISTING_PATHS = ("/workflow_templates", "/api/workflow_templates")  # ComfyUI serves its routes at both
+
+
+def reorder_listing(listing: dict) -> dict:
+    """ComfyUI's template listing ({pack folder: [workflow names]}) with this pack's names in the cards' order
+    (comfyui_h3/templates.py). The pack's entry is the one holding every shipped card (its folder name is the user's
+    choice); other packs' entries are left as they are."""
+    from .templates import CARDS, ordered
+
+    ours = {card.name for card in CARDS}
+    return {pack: ordered(names) if isinstance(names, list) and ours <= set(names) else names
+            for pack, names in listing.items()}
+
+
+def template_order_middleware():
+    """An aiohttp middleware that passes every request through and reorders the pack's entry in a successful
+    /workflow_templates answer (ComfyUI lists it in glob order, which the frontends show as it comes)."""
+    import json
+
+    from aiohttp import web
+
+    @web.middleware
+    async def _template_order(request, handler):
+        response = await handler(request)
+        if request.path not in LISTING_PATHS or getattr(response, "status", None) != 200:
+            return response
+        try:
+            listing = json.loads(response.body)
+        except (AttributeError, TypeError, ValueError):  # not a JSON body (a stream): leave it
+            return response
+        if not isinstance(listing, dict):
+            return response
+        return web.json_response(reorder_listing(listing))
+
+    return _template_order
+
+
+def register_template_order() -> bool:
+    """Add the middleware to ComfyUI's server (once, before it starts serving); False when none runs here or it is
+    already serving (aiohttp freezes its middlewares then)."""
+    global _order_registered
+    if _order_registered:
+        return True
+    server = _prompt_server()
+    app = getattr(server, "app", None)
+    if app is None or getattr(app, "frozen", False):
+        return False
+    try:
+        app.middlewares.append(template_order_middleware())
+    except RuntimeError:  # frozen meanwhile: the listing keeps ComfyUI's order
+        return False
+    _order_registered = True
+    return True

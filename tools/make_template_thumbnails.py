@@ -20,31 +20,13 @@ from PIL import Image, ImageDraw, ImageFont
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from comfyui_h3.templates import BY_NAME  # noqa: E402  (each card's title and line, declared once)
+
 TEMPLATES = os.path.join(REPO, "example_workflows")
 SAMPLES = os.path.join(REPO, "comfyui_h3", "sample_inputs")
 SIZE, PICTURE_H = 350, 226
 BACKGROUND, INK, MUTED, ACCENT = (28, 30, 38), (236, 238, 244), (160, 166, 184), (255, 170, 60)
 
-CARDS = {
-    "h3_text_to_video": ("Text to video", "A prompt becomes a video with its sound."),
-    "h3_first_last_frame": ("First & last frame", "Two keyframes, and the video between them."),
-    "h3_object_removal": ("Object removal", "Mask an object: it is gone, the rest is kept."),
-    "h3_object_replacement": ("Object replacement", "Mask an object and say what goes there."),
-    "h3_inpainting": ("Inpainting", "Paint a region and fill it to fit the scene."),
-    "h3_extension": ("Extension", "Continue a clip past 15 s, sound carried on."),
-    "h3_generate_then_extend": ("Generate, then extend", "A new clip, continued from its latents."),
-    "seedvr2_upscale_video": ("Upscale a video", "SeedVR2 restores and upscales it, sound kept."),
-    "h3_generate_then_upscale": ("Generate, then upscale", "A new clip with its sound, upscaled by SeedVR2."),
-    "h3_extend_then_upscale": ("Extend, then upscale", "A clip continued, then upscaled by SeedVR2."),
-    "h3_fasth3_text_to_video": ("FastH3: text to video", "The 4-step student: a clip and its sound, fast."),
-    "h3_object_removal_clicks": ("Removal: click to track", "Click the object once; SAM2 masks every frame."),
-    "h3_object_removal_text": ("Removal: name to track", "Name the object; SAM3 masks it on every frame."),
-    "h3_object_replacement_clicks": ("Replace: box to track", "Box the object once; SAM2 follows it, H3 swaps it."),
-    "h3_object_replacement_text": ("Replace: name to track", "Name the object; SAM3 masks it, H3 swaps it."),
-    "h3_native_sample_then_extend_upscale": ("Native H3, then extend",
-                                             "ComfyUI's own H3 sampler, then H3 Extend + SeedVR2."),
-    "h3_sample_then_native_decode": ("H3, native decode", "H3 Sample's latents decoded by ComfyUI's H3 VAEs."),
-}
 
 
 def font(size: int):
@@ -252,7 +234,7 @@ def picture(name: str, card: Image.Image) -> None:
 
 
 def make_card(name: str) -> Image.Image:
-    title, line = CARDS[name]
+    title, line = BY_NAME[name].title, BY_NAME[name].line
     card = Image.new("RGB", (SIZE, SIZE), BACKGROUND)
     picture(name, card)
     draw = ImageDraw.Draw(card)
@@ -265,9 +247,9 @@ def make_card(name: str) -> Image.Image:
 
 def main() -> int:
     names = sorted(f[:-5] for f in os.listdir(TEMPLATES) if f.endswith(".json"))
-    missing = sorted(set(names) - set(CARDS))
+    missing = sorted(set(names) - set(BY_NAME))
     if missing:
-        print(f"no card text for {missing}: add them to CARDS", file=sys.stderr)
+        print(f"no card text for {missing}: add them to comfyui_h3/templates.py", file=sys.stderr)
         return 1
     for name in names:
         path = os.path.join(TEMPLATES, f"{name}.jpg")
