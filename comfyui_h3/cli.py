@@ -35,6 +35,17 @@ def _device_arg(text: str) -> str:
     return text
 
 
+def _count_arg(text: str) -> int:
+    """A count of things to add (extend's --windows): a whole number >= 1 (0 would add nothing)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
 def _resident_blocks_arg(text: str) -> str:
     from .backend.pipelines.h3.offload import parse_resident_blocks
 
@@ -131,6 +142,7 @@ def _latents_option(p, what: str = "the final latents") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MIN_BATCH_FRAMES
     from .cli_manifest import add_manifest_option
 
     p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.",
@@ -184,8 +196,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--audio-mode", default=None, choices=["keep", "regenerate", "blend"],
                    help="Default: the preset's.")
     e.add_argument("--audio-level", type=float, default=None, help="Blend level 0 (keep) .. 1 (regenerate).")
-    e.add_argument("--mask-grow", type=int, default=None, help="Pixels; default: the preset's.")
-    e.add_argument("--mask-feather", type=int, default=None, help="Pixels; default: the preset's.")
+    e.add_argument("--mask-grow", type=int, default=None, help="Pixels (0..512); default (or -1): the preset's.")
+    e.add_argument("--mask-feather", type=int, default=None, help="Pixels (0..512); default (or -1): the preset's.")
     _device_options(e)
     add_manifest_option(e)
     e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
@@ -196,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--video", required=True, help="The video to continue (cut down to 17n+5 frames at 24 fps).")
     amount = x.add_mutually_exclusive_group(required=True)
     amount.add_argument("--seconds", type=float, help="Seconds to add (rounded up to whole 17-frame chunks).")
-    amount.add_argument("--windows", type=int, help="Add this many full windows instead.")
+    amount.add_argument("--windows", type=_count_arg, help="Add this many full windows instead (at least 1).")
     x.add_argument("--prompt", action="append", required=True,
                    help="What happens next; once for all windows, or repeated once per window.")
     x.add_argument("--window-seconds", type=float, default=None,
@@ -227,11 +239,12 @@ def _parser() -> argparse.ArgumentParser:
     size.add_argument("--short-side", type=int, default=None, help="Output short side in pixels (aspect kept).")
     size.add_argument("--size", default=None, metavar="WxH", help="Output width x height, e.g. 1920x1080.")
     u.add_argument("--batch-frames", type=int, default=0,
-                   help="Frames restored together, 4n+1 (1, 5, 9, ..., 17, 21, ...); 0: as many as fit.")
+                   help=f"Frames restored together: 0 (as many as fit), or 4n+1 from {MIN_BATCH_FRAMES} "
+                        f"({MIN_BATCH_FRAMES}, {MIN_BATCH_FRAMES + 4}, {MIN_BATCH_FRAMES + 8}, ...).")
     u.add_argument("--overlap", type=int, default=8, help="Frames shared (cross-faded) by consecutive batches.")
-    u.add_argument("--color-fix", default="wavelet", choices=["wavelet", "adain", "lab", "none"],
+    u.add_argument("--color-fix", default="wavelet", choices=COLOR_FIXES,
                    help="Colour correction toward the input.")
-    u.add_argument("--edge", default="pad", choices=["pad", "crop"],
+    u.add_argument("--edge", default="pad", choices=EDGE_MODES,
                    help="Reaching a multiple of 16 px: pad the edges (cropped back after) or crop them.")
     u.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
     u.add_argument("--vae-tile", type=int, default=0, metavar="PX",
@@ -446,7 +459,7 @@ def _demo(args) -> int:
     made = []
     for name in DEMO_WORKFLOWS:
         prompt = load_workflow(workflows_dir() / f"{name}.api.json")
-        if args.steps:
+        if args.steps is not None:  # 0 is refused by the nodes' rule, not taken for "unset"
             prompt = apply_overrides(prompt, [f"{nid}.steps={args.steps}" for nid, n in prompt.items()
                                               if n["class_type"] in ("H3_Sample", "H3_Edit", "H3_Extend")])
         print(f"== {name}", file=sys.stderr)

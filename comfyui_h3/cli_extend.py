@@ -22,7 +22,7 @@ def build_request(args, out_path: str):
             raise FileNotFoundError(f"Driving audio not found: {args.driving_audio}")
         drive, rate = decode_audio(args.driving_audio)
     step = args.window_frames - args.overlap_frames
-    added = args.windows * step if args.windows else added_frames_for(args.seconds)
+    added = args.windows * step if args.windows is not None else added_frames_for(args.seconds)
     return H3ExtendRequest(
         prompts=args.prompt or [""], added_frames=added, window_frames=args.window_frames,
         overlap_frames=args.overlap_frames, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),

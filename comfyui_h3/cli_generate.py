@@ -50,13 +50,15 @@ def sampling_plan(args) -> tuple[str, int]:
 
 
 def build_request(args):
-    from .backend.pipelines.h3.geometry import FPS, MIN_SECONDS, check_duration, frames_for_seconds
+    from .backend.pipelines.h3.geometry import FPS, MIN_SECONDS, check_duration, check_frame_count, frames_for_seconds
     from .backend.pipelines.h3.request import H3Request
 
     # The node's rule (its widget's 5..15 s, then frames_for_seconds): 14.5 and 15 s give the longest clip (345
     # frames), not an error; --frames N follows the same rule as N / 24 s.
     if args.seconds is not None:
         check_duration(args.seconds)
+    if args.frames is not None:
+        check_frame_count(args.frames)  # the user's count in the message, not the one it snaps to
     seconds = args.frames / FPS if args.frames is not None else (args.seconds if args.seconds is not None
                                                                   else MIN_SECONDS)
     frames = frames_for_seconds(seconds)

@@ -117,8 +117,11 @@ class CliOutputs:
         """Run `writer(temporary_path)` to make the output's content (the temporary is an empty reserved file);
         a failure becomes OutputError naming the output."""
         staged = self.stage(key)
+        mode = os.stat(staged).st_mode & 0o777  # the placeholder's: a new file's under the umask
         try:
             writer(staged)
+            if os.stat(staged).st_mode & 0o777 != mode:  # safetensors' save_file makes its file 0600
+                os.chmod(staged, mode)
         except (OSError, RuntimeError) as exc:
             raise OutputError(getattr(exc, "errno", None), f"Could not write {key}: {describe_write_error(exc)}.") \
                 from None

@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backend.pipelines.h3.editing import AUDIO_MODES, PRESETS
+from ..backend.pipelines.h3.editing import AUDIO_MODES, MAX_MASK_SHAPING, PRESETS
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform, waveform_to_audio
 from .sample import MAX_SEED, run_engine, run_summary, with_manifest
-from .widgets import SHIFT_INPUTS
+from .widgets import SHIFT_INPUTS, steps_input
 
 
 def mask_to_array(mask) -> np.ndarray:
@@ -32,7 +32,7 @@ def edit_mask_shaping(mask, mask_grow: int, mask_feather: int) -> tuple[int | No
     -1 the preset's applies (None), except to a MASK that H3 Mask Draw already grew or feathered: that one is used
     as it is (0)."""
     default = None if mask_shaping(mask) is None else 0
-    return (default if mask_grow < 0 else int(mask_grow)), (default if mask_feather < 0 else int(mask_feather))
+    return (default if mask_grow == -1 else mask_grow), (default if mask_feather == -1 else mask_feather)
 
 
 def edit_summary(preset: str, result, shaped: tuple[int, int] | None = None) -> str:
@@ -93,8 +93,7 @@ class H3Edit:
                 "prompt": ("STRING", {"multiline": True, "default": "",
                                       "tooltip": "The whole edited video, as you want it (for removal: the scene "
                                                  "without the object). Required."}),
-                "steps": ("INT", {"default": 50, "min": 1, "max": 200,
-                                  "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
+                **steps_input("Denoising steps (one model evaluation each; no CFG)."),
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result."}),
                 **SHIFT_INPUTS,
@@ -104,12 +103,12 @@ class H3Edit:
                                            "prompt; blend: partly regenerated (audio_level); preset: the preset's."}),
                 "audio_level": ("FLOAT", {"default": -1.0, "min": -1.0, "max": 1.0, "step": 0.05,
                                           "tooltip": "For blend: 0 = keep .. 1 = regenerate; -1 = the preset's."}),
-                "mask_grow": ("INT", {"default": -1, "min": -1, "max": 512,
+                "mask_grow": ("INT", {"default": -1, "min": -1, "max": MAX_MASK_SHAPING,
                                       "tooltip": "Grow the mask by this many pixels (at the edit size; a disk, as "
                                                  "H3 Mask Draw's grow); -1 = the preset's (removal 40, replace "
                                                  "22, inpaint 13), or none for a mask H3 Mask Draw already grew "
                                                  "or feathered."}),
-                "mask_feather": ("INT", {"default": -1, "min": -1, "max": 512,
+                "mask_feather": ("INT", {"default": -1, "min": -1, "max": MAX_MASK_SHAPING,
                                          "tooltip": "Soft edge around the grown mask, in pixels (as H3 Mask Draw's "
                                                     "feather), for the final pixel composite; -1 = the preset's "
                                                     "(removal 16, replace 12, inpaint 8), or none for a mask H3 "

@@ -23,7 +23,7 @@ from ..video_file import H3FileVideo
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform
 from .sample import MAX_SEED, run_engine, run_summary, with_manifest
-from .widgets import SHIFT_INPUTS
+from .widgets import SHIFT_INPUTS, steps_input
 
 PARTIAL_PREFIX = "H3/extend_partial"
 
@@ -66,8 +66,7 @@ class H3Extend:
                                 "tooltip": "continue: the soundtrack goes on, generated with the picture. lock: "
                                            "the driving audio (or the source's own soundtrack, when long enough) "
                                            "is kept as is from the start, and the picture follows it."}),
-                "steps": ("INT", {"default": 50, "min": 1, "max": 200,
-                                  "tooltip": "Denoising steps per window."}),
+                **steps_input("Denoising steps per window."),
                 **SHIFT_INPUTS,
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed and settings -> the same result."}),

@@ -15,7 +15,7 @@ from ..types import H3Latents
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import build_references, single_image, waveform_to_audio
-from .widgets import SHIFT_INPUTS
+from .widgets import SHIFT_INPUTS, steps_input
 
 MAX_SEED = 2**64 - 1
 
@@ -52,8 +52,7 @@ class H3Sample:
                                              "aspect, else 16:9 at 768 short edge)."}),
                 "height": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32,
                                    "tooltip": "Multiple of 32; 0 with width 0 = automatic."}),
-                "steps": ("INT", {"default": 50, "min": 1, "max": 200,
-                                  "tooltip": "Denoising steps (one model evaluation each; no CFG)."}),
+                **steps_input("Denoising steps (one model evaluation each; no CFG)."),
                 **SHIFT_INPUTS,
                 "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
                                  "tooltip": "Same seed, same inputs -> same result (matches the diffusers reference "

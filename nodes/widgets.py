@@ -11,6 +11,16 @@ SHIFT_INPUTS = {
                                          "(audio_scheduler/scheduler_config.json: 3 for the release)."}),
 }
 
+
+
+def steps_input(tooltip: str) -> dict:
+    """The H3 nodes' steps widget, bounded by the request's rule (MAX_STEPS) so that no layer refuses what another
+    takes."""
+    from ..backend.pipelines.h3.request import MAX_STEPS
+
+    return {"steps": ("INT", {"default": 50, "min": 1, "max": MAX_STEPS, "tooltip": tooltip})}
+
+
 DEVICES = ("auto", "cuda", "cpu")
 DEVICE_INPUT = {
     "device": (list(DEVICES), {"default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import torch
 
-from .container import describe as _describe, open_container as _open
+from .container import describe as _describe, open_container as _open, reason as _reason
 
 from .frame_plan import FramePlan
 
@@ -79,7 +79,7 @@ def _decode_audio(
                     for out in resampler.resample(None):
                         add(out.to_ndarray())
         except av.FFmpegError as error:
-            raise ValueError(f"cannot decode the audio of {_describe(source)}: {error}") from error
+            raise ValueError(f"cannot decode the audio of {_describe(source)}: {_reason(error)}") from error
         if state["begin"] is None:
             return None, None
         channels = len(resampler.layout.channels)

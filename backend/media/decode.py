@@ -49,7 +49,7 @@ import torch
 from av.video.reformatter import ColorRange, Colorspace
 
 from .audio_decode import decode_audio, decode_planned_audio, decode_reference_audio  # noqa: F401 - public here too
-from .container import describe as _describe, open_container as _open
+from .container import describe as _describe, open_container as _open, reason as _reason
 from .encode import as_fraction
 from .frame_plan import FramePlan
 from .resize import apply_resize, plan_resize
@@ -264,7 +264,7 @@ def plan_frames(
                     stopped = True
                     break
         except av.FFmpegError as error:
-            raise ValueError(f"cannot read {_describe(source)}: {error}") from error
+            raise ValueError(f"cannot read {_describe(source)}: {_reason(error)}") from error
         if not times:
             raise ValueError(f"{_describe(source)} has no video frames")
         declared_end = container_end = None
@@ -393,7 +393,7 @@ def _planned_images(
                     break
         except av.FFmpegError as error:
             if done == 0:
-                raise ValueError(f"cannot decode {_describe(source)}: {error}") from error
+                raise ValueError(f"cannot decode {_describe(source)}: {_reason(error)}") from error
             log.warning("decoding %s stopped after %d of %d frames: %s", _describe(source), done, total, error)
     if done == 0:
         raise ValueError(f"cannot decode any frame of {_describe(source)}")

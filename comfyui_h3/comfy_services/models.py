@@ -136,13 +136,18 @@ def resolve_h3_model(name_or_path: str, allow_explicit_path: bool = False,
                 f"and transformer/ or transformer_ref/)")
         if os.path.isabs(os.path.expanduser(name)) and not os.path.exists(explicit):
             raise H3ModelNotFound(f"MiniMax-H3 model folder not found: {explicit}")
+        if os.path.isfile(explicit):
+            raise H3ModelNotFound(
+                f"{explicit} is a file, not a MiniMax-H3 model folder: give the diffusers folder (model_index.json + "
+                f"transformer/), or --model release with the single-file options")
 
     if os.path.isabs(name):
         if "\x00" in name:
             raise UnsafePathError(f"model path {name!r} contains a NUL byte")
         path = os.path.normpath(name)
         if not any(_inside(root, path) for root in root_list):
-            raise UnsafePathError(f"model path {name!r} is outside ComfyUI's model folders {root_list}")
+            raise UnsafePathError(f"model path {name!r} is outside ComfyUI's model folders "
+                                  f"({', '.join(root_list) or 'none are set'})")
         if is_h3_model_dir(path):
             return path
         raise H3ModelNotFound(f"{path} is not a MiniMax-H3 diffusers folder")

@@ -221,7 +221,8 @@ def resolve_seedvr2_file(name_or_path: str, kind: str, allow_explicit_path: bool
     if os.path.isabs(name):
         path = os.path.normpath(name)
         if not any(_inside(root, path) for root in root_list):
-            raise UnsafePathError(f"{what} path {name!r} is outside ComfyUI's model folders {root_list}")
+            raise UnsafePathError(f"{what} path {name!r} is outside ComfyUI's model folders "
+                                  f"({', '.join(root_list) or 'none are set'})")
         if not os.path.isfile(path):
             raise SeedVR2FileNotFound(f"{what} file not found: {path}")
         return _checked(path, kind, what)

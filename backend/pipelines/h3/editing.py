@@ -67,6 +67,7 @@ from .geometry import FPS, MAX_SECONDS, MIN_SECONDS, RequestError, snap_frames
 QUANT_LEVELS = 256
 KEEP_T = 0.999  # = layout.CONDITION_T; duplicated so this module imports nothing heavy
 AUDIO_MODES = ("keep", "regenerate", "blend")
+MAX_MASK_SHAPING = 512  # px: the largest mask grow / feather; -1 (or None) = the preset's
 
 
 @dataclass(frozen=True)
@@ -202,12 +203,11 @@ def composite_frames(recon: torch.Tensor, edited: torch.Tensor, mask: torch.Tens
 # -- source normalisation -------------------------------------------------------------------------------------------
 def resolve_preset(name: str, grow: int | None, feather: int | None, audio_mode: str | None,
                    audio_level: float | None) -> tuple[int, int, str, float]:
-    """Preset defaults, each overridden where the caller gave a value (None / 'preset' / negative = default)."""
+    """Preset defaults, each overridden where the caller gave a value (None / 'preset' / -1 = default)."""
     if name not in PRESETS:
         raise RequestError(f"preset must be one of {', '.join(PRESETS)}, got {name!r}.")
     p = PRESETS[name]
-    grow = p.grow if grow is None or grow < 0 else int(grow)
-    feather = p.feather if feather is None or feather < 0 else int(feather)
+    grow, feather = _shaping(grow, p.grow, "mask grow"), _shaping(feather, p.feather, "mask feather")
     mode = p.audio_mode if audio_mode in (None, "", "preset") else audio_mode
     level = p.audio_level if audio_level is None or audio_level < 0 else float(audio_level)
     if mode not in AUDIO_MODES:
@@ -215,6 +215,17 @@ def resolve_preset(name: str, grow: int | None, feather: int | None, audio_mode:
     if not 0.0 <= level <= 1.0:
         raise RequestError(f"audio level must be within 0..1, got {level}.")
     return grow, feather, mode, level
+
+
+def _shaping(value: int | None, preset: int, what: str) -> int:
+    """A mask grow / feather: None or -1 -> the preset's; 0..MAX_MASK_SHAPING px as given; anything else refused
+    (a -5 is a typo, not a request for the preset)."""
+    if value is None or value == -1:
+        return preset
+    if not (float(value).is_integer() and 0 <= value <= MAX_MASK_SHAPING):
+        raise RequestError(f"{what} must be 0..{MAX_MASK_SHAPING} px, or -1 for the preset's ({preset}), got "
+                           f"{value}.")
+    return int(value)
 
 
 def check_mask_shape(mask_shape: tuple, video_shape: tuple) -> None:

@@ -50,6 +50,14 @@ def check_duration(seconds: float) -> None:
         raise RequestError(f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {seconds:g} s.")
 
 
+def check_frame_count(frames: int) -> None:
+    """A requested frame count (the CLI's --frames) by the duration rule, refused quoting the count asked for (not
+    the count it would snap to)."""
+    if not MIN_SECONDS * FPS <= frames <= MAX_SECONDS * FPS:
+        raise RequestError(f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s at {FPS} fps: "
+                           f"{int(MIN_SECONDS * FPS)}..{int(MAX_SECONDS * FPS)} frames, got {frames}.")
+
+
 def latent_frames(num_frames: int, frames_per_chunk: int = 17, latents_per_chunk: int = 5) -> int:
     if num_frames % frames_per_chunk != latents_per_chunk:
         raise RequestError(f"Frame count must be {frames_per_chunk}n+{latents_per_chunk}, got {num_frames}.")
