@@ -15,6 +15,35 @@ DTYPES = ("bfloat16", "float16", "float32")
 EXECUTORS = ("mp", "ray")
 
 
+def resolve_devices(device: str, degree: int, gpus: str) -> tuple[str, int]:
+    """A loader's (device, degree, gpus) -> the engine config's (device, world_size): the one place the `gpus` list is
+    read, for the nodes and the CLI alike. `gpus`: "" (GPUs 0..degree-1, or the CPU), "all" (every visible GPU,
+    the degree becomes their count) or distinct ids "0,1,..", one per rank; anything else is refused, naming it."""
+    text = (gpus or "").strip().lower()
+    if not text:
+        return device, degree
+    if device == "cpu":
+        raise ValueError(f"gpus is {gpus!r} but the engine runs on the CPU: leave gpus empty (sp_degree {degree} runs "
+                         f"{degree} CPU processes), or choose device cuda.")
+    if text == "all":
+        import torch
+
+        count = torch.cuda.device_count()
+        if count < 1:
+            raise ValueError("gpus is 'all' but no CUDA GPU is visible.")
+        return ("cuda:" + ",".join(str(i) for i in range(count))) if count > 1 else "cuda:0", count
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise ValueError(f"gpus must be 'all' or GPU ids (whole numbers from 0) separated by commas, e.g. 0,1; got "
+                         f"{gpus!r}.")
+    ids = [int(part) for part in parts]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"gpus {gpus!r} names a GPU twice; give each rank its own GPU.")
+    if len(ids) != degree:
+        raise ValueError(f"gpus {gpus!r} lists {len(ids)} GPUs for sp_degree {degree}; give one GPU per rank.")
+    return "cuda:" + ",".join(map(str, ids)), degree
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     family: str  # a registered family name or a reference "module:attribute" (backend/families.py)

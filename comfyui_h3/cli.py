@@ -144,6 +144,7 @@ def _latents_option(p, what: str = "the final latents") -> None:
 def _parser() -> argparse.ArgumentParser:
     from .backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MIN_BATCH_FRAMES
     from .cli_manifest import add_manifest_option
+    from .nodes.widgets import GPUS_INPUT
 
     p = argparse.ArgumentParser(prog="python -m comfyui_h3", description="MiniMax-H3 video+audio from the shell.",
                                 formatter_class=_HelpFormatter)
@@ -253,6 +254,7 @@ def _parser() -> argparse.ArgumentParser:
                         "whole pass. 0: whole frames.")
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
+    u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])
     u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")
     u.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
     add_manifest_option(u)
@@ -404,10 +406,12 @@ def _extend(args) -> int:
 
 
 def _upscale(args) -> int:
+    from .backend.engine_config import resolve_devices
     from .cli_upscale import upscale
     from .nodes.seedvr2_loader import resolve_seedvr2_files
 
-    args.device = resolve_device(args.device)
+    # --gpus by the loader node's rule, before the input is read
+    args.device, args.sp_degree = resolve_devices(resolve_device(args.device), args.sp_degree, args.gpus)
     return upscale(args, lambda: resolve_seedvr2_files(args.model, args.vae, allow_explicit_path=True))
 
 

@@ -7,7 +7,7 @@ from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.attention.vsa import spec as vsa_spec
 from ..backend.attention.vsa_plan import VSASettings
-from ..backend.engine_config import DTYPES
+from ..backend.engine_config import DTYPES, resolve_devices  # noqa: F401 - seedvr2_loader's too
 from ..backend.pipelines.h3.family import h3_config
 from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
 from ..backend.runtime import WeightPolicy
@@ -129,8 +129,9 @@ class H3ModelLoader:
             adapter = services.resolve_fasth3_adapter(student)
         if device == "auto":
             device = "cuda" if cuda_available() else "cpu"
-        if executor == "ray":
-            gpus = ""  # Ray assigns one GPU per actor
+        if executor == "ray" and (gpus or "").strip():
+            raise ValueError(f"gpus is {gpus!r} but the ray executor places each rank on a GPU of its own: leave gpus "
+                             "empty.")
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
                               executor=executor, ray_address=(ray_address or "").strip(), student=adapter,
@@ -161,24 +162,3 @@ def native_file_inputs() -> dict:
                    f"read it), or '{services.FROM_FOLDER}'. Files and a folder mix freely: the folder (or, with "
                    f"model 'none', the release's configs) gives the configs and tokenizer."})
         for c in NATIVE_COMPONENTS}
-
-
-def resolve_devices(device: str, degree: int, gpus: str) -> tuple[str, int]:
-    """(device, degree, gpus widget) -> (the engine config's device, world_size)."""
-    gpus = (gpus or "").strip().lower()
-    if device == "cpu" or not gpus:
-        return device, degree
-    if gpus == "all":
-        import torch
-
-        count = torch.cuda.device_count()
-        if count < 1:
-            raise ValueError("gpus is 'all' but no CUDA GPU is visible.")
-        return ("cuda:" + ",".join(str(i) for i in range(count))) if count > 1 else "cuda:0", count
-    try:
-        ids = [int(part) for part in gpus.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"gpus must be GPU ids like 0,1,2,3 or 'all', got {gpus!r}.") from None
-    if len(ids) != degree:
-        raise ValueError(f"gpus lists {len(ids)} GPUs for sp_degree {degree}; give one GPU per rank.")
-    return "cuda:" + ",".join(map(str, ids)), degree
