@@ -1,7 +1,7 @@
 """What a ComfyUI user meets first, in a real ComfyUI (the integration lane: tests/comfyui_lane.py; skipped without
 COMFYUI_DIR): the shipped workflows' sample inputs are in a fresh input folder; out-of-range widget values are refused
-at queue time, never run, and each refusal is reported once, on its input; the template browser opens every shipped
-template; the Mask Draw editor says why it shows no frames."""
+at queue time, never run, and each refusal is reported once, on its input; the template browser lists the shipped
+templates in a newcomer's order and opens every one; the Mask Draw editor says why it shows no frames."""
 
 from __future__ import annotations
 
@@ -144,11 +144,33 @@ def test_the_template_browser_opens_every_template(comfy, tmp_path):
         assert view["types"] == sorted(n["type"] for n in nodes), (name, view)
         # ComfyUI's own MiniMax-H3 nodes (0.30+) are unknown to an older lane ComfyUI: exactly those, nothing else
         missing = set(NATIVE_WORKFLOWS.get(name, ())) - known
-        assert set(view["unknown"]) == missing and (not view["withErrors"] or missing), (name, view)
+        assert set(view["unknown"]) == missing, (name, view)
+        # a node may be marked only for what this server lacks: its node type, or (frontend 1.58) a model file the
+        # workflow names that is not in the lane's model folders (the native workflows' Comfy-Org single files)
+        lacking = [node for node in view["absentValues"]
+                   if not node["values"] or not all(str(value).endswith(MODEL_FILES) for _, value in node["values"])]
+        assert not view["withErrors"] or missing or not lacking, (name, view["absentValues"])
         # the missing-nodes dialog, and the registry look-ups it makes (blocked in the lane), for exactly those
-        assert (not view["dialogs"] or missing), (name, view)
+        assert (not view["dialogs"] or missing), (name, view["dialogs"], view["dialogHtml"])
         assert not [e for e in view["errors"]
                     if not (missing and _registry_lookup(e)) and not frontend_model_lookup(e)], (name, view)
+
+
+@needs_browser
+def test_the_template_browser_lists_the_cards_in_order(comfy, tmp_path):
+    """The pack's cards in a newcomer's order (comfyui_h3/templates.py: text to video first, the native interop last),
+    not ComfyUI's glob order: the listing the server answers (the pack's middleware) and the cards the browser shows."""
+    from comfyui_lane import LINK_NAME
+
+    from comfyui_h3.templates import CARDS
+
+    declared = [card.name for card in CARDS]
+    assert comfy.request("/workflow_templates")[1][LINK_NAME] == declared
+    cards = _browser(comfy, tmp_path, {"templateOrder": {"pack": LINK_NAME}})["templateOrder"]
+    assert [card["name"] for card in cards] == declared, cards
+
+
+MODEL_FILES = (".safetensors", ".pt", ".pth", ".ckpt", ".gguf")  # a combo value naming a model file
 
 
 def _overlapping(boxes: list) -> list:
@@ -171,16 +193,26 @@ def test_shipped_workflows_lay_out_without_overlaps(comfy, tmp_path, vue_nodes):
 
     known = set(comfy.request("/object_info")[1])  # a ComfyUI without the native H3 nodes draws them as placeholders
     files = [f for f in sorted(TEMPLATES.glob("*.json")) if not set(NATIVE_WORKFLOWS.get(f.stem, ())) - known]
-    seen = _browser(comfy, tmp_path, {"layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes}})
+    # "playing": each output video node also shown as after a run, playing the shipped sample clip (Defect: H3 Save
+    # Video's player drew past its node on frontend 1.58)
+    seen = _browser(comfy, tmp_path, {"layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes,
+                                                 "playing": "h3_demo_source.mp4"}})
     for path in files:
         nodes = seen["layout"][str(path)]
         key = "dom" if vue_nodes else "box"
         assert all(n[key] for n in nodes), (path.name, nodes)
         assert not _overlapping([(n["type"], n[key]) for n in nodes]), (path.name, [(n["type"], n[key]) for n in nodes])
         if not vue_nodes:
-            saved = {n["id"]: n["size"] for n in json.loads(path.read_text())["nodes"]}
+            # ids as strings: the saved JSON has ints, frontend 1.58 reports strings
+            saved = {str(n["id"]): n["size"] for n in json.loads(path.read_text())["nodes"]}
             for n in nodes:
-                assert saved[n["id"]][1] >= n["wants"][1] - 1, (path.name, n["type"], saved[n["id"]], n["wants"])
+                assert saved[str(n["id"])][1] >= n["wants"][1] - 1, (path.name, n["type"], saved[str(n["id"])],
+                                                                     n["wants"])
+        played = seen["layout"].get(f"{path}#playing")
+        if played is not None:
+            assert played["players"] and all(p["fits"] for p in played["players"]), (path.name, played["players"])
+            boxes = [(n["type"], n[key]) for n in played["boxes"]]
+            assert not _overlapping(boxes), (path.name, "playing", boxes)
 
 
 @needs_browser
@@ -194,3 +226,6 @@ def test_edit_shows_what_it_resolved_in_the_node(comfy, tmp_path):
     sizes = {n["type"]: n["size"] for n in seen["before"]}
     assert [n["size"] for n in seen["after"] if n["type"] == "H3_Edit"] == [sizes["H3_Edit"]], "H3 Edit grew"
     assert not _overlapping([(n["type"], n["box"]) for n in seen["after"]]), seen["after"]
+    # H3 Save Video plays the result inside its node (the player drew past it on frontend 1.58)
+    assert "H3_SaveVideo" in [p["type"] for p in seen["players"]], seen["players"]
+    assert all(p["fits"] for p in seen["players"]), [p for p in seen["players"] if not p["fits"]]

@@ -29,13 +29,16 @@ MIN_WIDTH = {"H3_MaskDraw": 440}  # room to draw (the editor's canvas takes the 
 # Room for what a run adds inside the node: the summary text H3 Edit / H3 Extend / SeedVR2 Upscale show when done
 # (~50 px). (Output nodes' previews grow their node downwards: the design keeps nothing under them.)
 AFTER_RUN = {"H3_Edit": 70, "H3_Extend": 70, "H3_SeedVR2Upscale": 70}
+PLAYING = "h3_demo_source.mp4"  # a sample input (comfyui_h3/sample_inputs/) the output players are measured with
 
 
 def measure(comfy, files: list[Path], vue_nodes: bool) -> dict[str, list[dict]]:
+    """Each workflow's node boxes as loaded, and (key "<file>#playing") with its output video nodes playing the
+    pack's sample clip, as after a run: the player's room is part of the node's size."""
     from headless import run_script
 
     config = {"url": comfy.url, "checks": ["layout"],
-              "layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes}}
+              "layout": {"workflows": [str(f) for f in files], "vueNodes": vue_nodes, "playing": PLAYING}}
     run = run_script("comfyui_hardening_check.mjs", json.dumps(config), timeout=600)
     result = json.loads(run.stdout)
     if run.returncode or "error" in result:
@@ -51,12 +54,18 @@ def columns(nodes: list[dict]) -> list[list[dict]]:
     return [sorted(col, key=lambda n: n["pos"][1]) for _, col in sorted(by_x.items())]
 
 
-def relayout(workflow: dict, canvas: list[dict], vue: list[dict]) -> dict:
-    """Each node as tall as either renderer draws it (plus AFTER_RUN), the columns restacked GAP apart."""
-    on_canvas, in_vue = {m["id"]: m for m in canvas}, {m["id"]: m for m in vue}
+def relayout(workflow: dict, canvas: list[dict], vue: list[dict], played: tuple = ()) -> dict:
+    """Each node as tall as either renderer draws it (plus AFTER_RUN), also with its output player shown (`played`:
+    the canvas and Vue boxes measured so), the columns restacked GAP apart."""
+    on_canvas, in_vue = {str(m["id"]): m for m in canvas}, {str(m["id"]): m for m in vue}  # 1.58: string ids
+    playing = [{str(m["id"]): m for m in boxes} for boxes in played]
     nodes = workflow["nodes"]
     for node in nodes:
-        m, v = on_canvas[node["id"]], in_vue[node["id"]]
+        m, v = on_canvas[str(node["id"])], in_vue[str(node["id"])]
+        if len(playing) == 2:  # the larger of what each renderer asks for, player shown or not
+            pm, pv = playing[0][str(node["id"])], playing[1][str(node["id"])]
+            m = {**m, "wants": [m["wants"][0], max(m["wants"][1], pm["wants"][1], pm["size"][1])]}
+            v = {**v, "domGraph": [v["domGraph"][0], max(v["domGraph"][1], pv["domGraph"][1])]}
         # Widths are the design's (the frontend keeps a saved width; a video preview's wish grows with the width it
         # is given). Heights: what the canvas renderer's content asks for (computeSize, whatever the node's size now)
         # plus the room a run adds, or the Vue renderer's element (it draws the whole graph `scale` times larger,
@@ -121,7 +130,8 @@ def main() -> int:
             changed = False
             for path in files:
                 before = path.read_text()
-                after = dump(relayout(json.loads(before), canvas[str(path)], vue[str(path)]), before)
+                played = tuple(seen[f"{path}#playing"]["boxes"] for seen in (canvas, vue) if f"{path}#playing" in seen)
+                after = dump(relayout(json.loads(before), canvas[str(path)], vue[str(path)], played), before)
                 if after != before:
                     path.write_text(after)
                     changed = True
@@ -130,6 +140,15 @@ def main() -> int:
         canvas, vue = measure(comfy, files, False), measure(comfy, files, True)
     bad = {f"{path.name} ({mode})": overlaps(seen[str(path)], key) for path in files
            for mode, seen, key in (("canvas", canvas, "box"), ("vue", vue, "dom")) if overlaps(seen[str(path)], key)}
+    bad.update({f"{path.name} ({mode}, playing)": overlaps(seen[f"{path}#playing"]["boxes"], key) for path in files
+                for mode, seen, key in (("canvas", canvas, "box"), ("vue", vue, "dom"))
+                if f"{path}#playing" in seen and overlaps(seen[f"{path}#playing"]["boxes"], key)})
+    spilled = {f"{path.name} ({mode})": [p["type"] for p in seen[f"{path}#playing"]["players"] if not p["fits"]]
+               for path in files for mode, seen in (("canvas", canvas), ("vue", vue))
+               if f"{path}#playing" in seen and not all(p["fits"] for p in seen[f"{path}#playing"]["players"])}
+    if spilled:
+        print(f"players drawn past their node: {spilled}", file=sys.stderr)
+        return 1
     for path in files:
         print(path.name, [(m["type"], m["pos"], m["size"]) for m in canvas[str(path)]])
     if bad:

@@ -5,6 +5,7 @@
 //   config: {url, checks: [...], screenshot (written on failure), ...per check:}
 //     "maskStatus": {workflow (UI JSON path)}: the Mask Draw editor's status line with frames, a missing file, no link
 //     "templates": {pack}: the template browser's cards of the pack (thumbnails), each opened in turn
+//     "templateOrder": {pack}: the pack's cards in the order the browser shows them (and each card's text)
 //     "layout": {workflows: [UI JSON paths], vueNodes}: each node's box (title bar included; with the Vue renderer also
 //               its element's page box) once the frontend has laid it out
 //     "editSummary": {workflow, steps}: runs an editing workflow (Run, as a user) and reads the text H3 Edit shows
@@ -94,11 +95,21 @@ function cardViews() {
 
 function graphView() {
   const nodes = window.app.graph.nodes;
-  const dialogs = [...document.querySelectorAll("[role=dialog], [role=alert], .p-toast-message")]
-    .filter((e) => e.offsetParent !== null).map((e) => e.textContent.trim().slice(0, 300));
+  // Dialogs, alerts and toasts a user sees: shown, with a box and something in it. Frontend 1.58 keeps an empty
+  // aria-live "Notification" region (role=alert) on the page for screen readers: it shows nothing until it is given
+  // content, so an empty one is no dialog.
+  const shown = [...document.querySelectorAll("[role=dialog], [role=alert], .p-toast-message")].filter((e) => {
+    const r = e.getBoundingClientRect();
+    return e.offsetParent !== null && r.width > 0 && r.height > 0 && (e.textContent.trim() || e.querySelector("*"));
+  });
+  const dialogs = shown.map((e) => e.textContent.trim().slice(0, 300));
+  const dialogHtml = shown.map((e) => e.outerHTML.slice(0, 1500));
   return { types: nodes.map((n) => n.type).sort(),
     unknown: nodes.filter((n) => !window.LiteGraph.registered_node_types[n.type]).map((n) => n.type),
-    withErrors: nodes.filter((n) => n.has_errors).map((n) => n.type), dialogs };
+    withErrors: nodes.filter((n) => n.has_errors).map((n) => n.type), dialogs, dialogHtml,
+    // what each node with an error has that this server lacks: combo values (model files) not among its choices
+    absentValues: nodes.filter((n) => n.has_errors).map((n) => ({ type: n.type, values: (n.widgets ?? [])
+      .filter((w) => Array.isArray(w.options?.values) && !w.options.values.includes(w.value)).map((w) => [w.name, w.value]) })) };
 }
 
 async function templates({ pack }) {
@@ -130,9 +141,18 @@ async function templates({ pack }) {
     await page.waitForFunction(() => !document.querySelector("[data-testid^='template-workflow-']"), null, WAIT);
     await page.waitForTimeout(1500);
     opened[name] = { ...(await page.evaluate(graphView)), errors: result.pageErrors.slice(before) };
+    if (opened[name].dialogs.length && config.screenshot) await page.screenshot({ path: config.screenshot.replace(/\.png$/, `-${name}.png`) }).catch(() => {});
     await page.keyboard.press("Escape");
   }
   return { cards, opened };
+}
+
+// -- the order the browser shows the pack's cards in (and the title each card shows) ----------------------------------
+async function templateOrder({ pack }) {
+  await openPackTemplates(pack);
+  return page.evaluate(() => [...document.querySelectorAll("[data-testid^='template-workflow-']")].map((card) => ({
+    name: card.getAttribute("data-testid").slice("template-workflow-".length),
+    text: card.textContent.trim().slice(0, 200) })));
 }
 
 // -- node boxes of each workflow as the frontend lays them out ---------------------------------------------------------
@@ -162,14 +182,46 @@ async function settledBoxes() {
   return JSON.parse(last);
 }
 
-async function layout({ workflows, vueNodes = false }) {
+// `playing`: an input folder's clip name: each output video node is then also shown as after a run (the "executed"
+// message the server sends, with the clip as its output), and its boxes and players noted under `${file}#playing`.
+const VIDEO_OUTPUTS = new Set(["H3_SaveVideo", "H3_PreviewVideo"]);
+async function layout({ workflows, vueNodes = false, playing = null }) {
   await page.evaluate(async (on) => { await window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", on); }, vueNodes);
   const out = {};
   for (const file of workflows) {
     await loadWorkflow(file);
     out[file] = await settledBoxes();
+    if (!playing) continue;
+    const played = await page.evaluate(({ clip, types }) => window.app.graph.nodes.filter((n) => types.includes(n.type)).map((n) => {
+      const output = { images: [{ filename: clip, subfolder: "", type: "input" }], animated: [true] };
+      window.app.api.dispatchCustomEvent("executed", { node: String(n.id), display_node: String(n.id), output, prompt_id: "layout" });
+      return n.id;
+    }), { clip: playing, types: [...VIDEO_OUTPUTS] });
+    if (!played.length) continue;
+    await page.waitForFunction((n) => document.querySelectorAll("video").length >= n, played.length, WAIT).catch(() => {});
+    await page.waitForFunction(() => [...document.querySelectorAll("video")].every((v) => v.readyState >= 1), null, WAIT).catch(() => {});
+    out[`${file}#playing`] = { boxes: await settledBoxes(), players: await page.evaluate(playerViews) };
   }
   return out;
+}
+
+// Each output video player's page box against its node's (title bar included): where a user sees it drawn.
+function playerViews() {
+  const ds = window.app.canvas.ds;
+  const top = window.app.canvas.canvas.getBoundingClientRect();
+  return window.app.graph.nodes.flatMap((n) => {
+    const videos = (n.widgets ?? []).flatMap((w) => (w.element ? [w.element, ...w.element.querySelectorAll("video")] : []))
+      .filter((e) => e.tagName === "VIDEO");
+    const el = document.querySelector(`[data-node-id="${n.id}"]`);
+    const [x0, y0] = ds.convertOffsetToCanvas([n.pos[0], n.pos[1] - window.LiteGraph.NODE_TITLE_HEIGHT]);
+    const [x1, y1] = ds.convertOffsetToCanvas([n.pos[0] + n.size[0], n.pos[1] + n.size[1]]);
+    const node = el ? el.getBoundingClientRect() : { left: top.left + x0, top: top.top + y0, right: top.left + x1, bottom: top.top + y1 };
+    return [...videos, ...(el ? el.querySelectorAll("video") : [])].filter((v) => v.offsetParent !== null).map((v) => {
+      const r = v.getBoundingClientRect();
+      return { type: n.type, video: [r.left, r.top, r.right, r.bottom], node: [node.left, node.top, node.right, node.bottom],
+        fits: r.left >= node.left - 1 && r.top >= node.top - 1 && r.right <= node.right + 1 && r.bottom <= node.bottom + 1 };
+    });
+  });
 }
 
 // -- H3 Edit shows what it resolved in the node when it is done ------------------------------------------------------
@@ -182,20 +234,29 @@ async function editSummary({ workflow, steps }) {
   await page.evaluate(() => window.app.queuePrompt(0, 1));
   const shown = () => {
     const node = window.app.graph.nodes.find((n) => n.type === "H3_Edit");
-    const w = node.widgets?.find((x) => x.name === "$$node-text-preview");
-    return w?.value ? { value: w.value, widgets: node.widgets.map((x) => x.name) } : null;
+    // js/run_summary.js keeps the end-of-run line (the node's ui text) in node.h3RunSummary; frontend 1.58 clears
+    // its own progress text when the job ends, so the line is read once the job is over, as a user reads it then
+    const text = node.h3RunSummary?.textContent;
+    return text ? { value: text, widgets: node.widgets.map((x) => x.name) } : null;
   };
   await page.waitForFunction((f) => new Function(`return (${f})()`)()?.value?.startsWith("preset "), shown.toString(), { timeout: 300000 });
+  // the job has ended (the queue is empty): the line must still be there
+  await page.waitForFunction(async () => {
+    const queue = await (await fetch("/queue")).json();
+    return !queue.queue_running.length && !queue.queue_pending.length;
+  }, null, { timeout: 300000, polling: 500 });
+  await page.waitForTimeout(1000);
   const out = await page.evaluate(shown);
   // ... and it is on the page, inside the node (what a user reads)
   out.onPage = await page.evaluate((text) => [...document.querySelectorAll("body *")].some((e) => e.children.length === 0
     && e.offsetParent !== null && e.textContent.includes(text)), out.value.slice(0, 30));
   out.before = before;
   out.after = await settledBoxes();  // the text's widget must fit in the node's saved size: nothing moves or overlaps
+  out.players = await page.evaluate(playerViews);
   return out;
 }
 
-const CHECKS = { maskStatus, templates, layout, editSummary };
+const CHECKS = { maskStatus, templates, templateOrder, layout, editSummary };
 
 try {
   await openApp();
