@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
                   "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale")
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+TEMP_ENV = "COMFYUI_H3_TEMP"  # the headless temp folder (comfy_services/paths.py)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -260,7 +262,12 @@ def _parser() -> argparse.ArgumentParser:
     add_manifest_option(u)
     u.add_argument("--out", required=True, help="Output MP4 (never overwritten).")
 
-    r = command("run", help="Run an API-format workflow (.api.json) of this pack's nodes.")
+    r = command("run", help="Run an API-format workflow (.api.json) of this pack's nodes.",
+                description="Run an API-format workflow. Files the loaders name are read from $COMFYUI_H3_INPUT "
+                            "(default ./input); the pack's sample inputs, which the shipped workflows name, are used "
+                            "from the pack when they are not there. Outputs go to --out-dir ($COMFYUI_H3_OUTPUT, "
+                            "default ./output); temporaries (previews, streamed results) go to a hidden folder in it, "
+                            "removed at the end, unless $COMFYUI_H3_TEMP names a folder to keep them in.")
     r.add_argument("workflow", help="The workflow file, API format (.api.json); checked as ComfyUI checks a prompt "
                                     "before anything runs.")
     r.add_argument("--set", action="append", default=[], metavar="NODE_ID.INPUT=VALUE",
@@ -442,11 +449,33 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     if out_dir:
         os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
     check_writable(os.path.join(services.output_directory(), "H3", "probe"))  # before the workflow, not after it
-    outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr),
-                      should_stop=stop_requested)  # a node that finished despite a Stop: no node after it runs
+    with _temp_folder(services.output_directory()):
+        outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr),
+                          should_stop=stop_requested)  # a node that finished despite a Stop: no node after it runs
     root = services.output_directory()
     return [os.path.join(root, item.get("subfolder", ""), item["filename"])
             for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
+
+
+@contextlib.contextmanager
+def _temp_folder(output_dir: str):
+    """The nodes' temporaries (Mask Preview's MP4s, H3 Extend's streamed result) for one `run`: a hidden folder in
+    the output folder, removed when the workflow ends however it ends, unless COMFYUI_H3_TEMP names one to keep (the
+    demo keeps its previews). Nothing is left in the working directory."""
+    if os.environ.get(TEMP_ENV):
+        yield os.environ[TEMP_ENV]
+        return
+    import shutil
+    import tempfile
+
+    os.makedirs(output_dir, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=".h3-temp-", dir=output_dir)
+    os.environ[TEMP_ENV] = folder
+    try:
+        yield folder
+    finally:
+        os.environ.pop(TEMP_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _demo(args) -> int:
@@ -457,7 +486,7 @@ def _demo(args) -> int:
     out_dir = os.path.abspath(args.out_dir or "output")
     os.environ["COMFYUI_H3_OUTPUT"] = out_dir
     os.environ.setdefault("COMFYUI_H3_INPUT", os.path.join(out_dir, "demo_inputs"))
-    os.environ.setdefault("COMFYUI_H3_TEMP", os.path.join(out_dir, "previews"))  # Mask Preview's MP4s
+    os.environ.setdefault(TEMP_ENV, os.path.join(out_dir, "previews"))  # Mask Preview's MP4s
     print(f"tiny model: {ensure_tiny_model()}  (random weights: the videos are noise-like by design)")
     _write_demo_inputs(services.input_directory())
     made = []

@@ -74,5 +74,18 @@ def resolve_input_path(name: str, must_exist: bool = True) -> str:
     for tag, directory in _ANNOTATIONS:
         if stripped.endswith(tag):
             return resolve_in_directory(directory(), stripped[: -len(tag)].rstrip(), must_exist=must_exist)
-    return resolve_in_directory(input_directory(), name, must_exist=must_exist)
+    return _with_sample_fallback(name, must_exist)
+
+
+def _with_sample_fallback(name: str, must_exist: bool) -> str:
+    """A name in the input folder; where it is missing there and is one of the pack's sample inputs (what the shipped
+    workflows name), the pack's own copy: the workflows run as they are from the CLI, with no input folder set up."""
+    try:
+        return resolve_in_directory(input_directory(), name, must_exist=must_exist)
+    except FileNotFoundError:
+        from ..install_samples import SAMPLE_DIR, SAMPLE_FILES
+
+        if name not in SAMPLE_FILES:
+            raise
+        return os.path.join(SAMPLE_DIR, name)
 
