@@ -59,8 +59,9 @@ def extend(args, model_dir) -> int:
     with outputs:
         request.output_path = outputs.stage(out)  # the worker streams into it and publishes it complete there
         stopped = {}
-        result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
-                               on_cancelled=stopped.update, finished=lambda done: finished_windows(done, request))
+        with outputs.naming_failures():  # a full disk names --out, not the hidden file the worker writes
+            result = run_on_engine(args, model_dir, request, "extend", status=window_status(args.steps),
+                                   on_cancelled=stopped.update, finished=lambda done: finished_windows(done, request))
         if result is None:
             if stopped.get("windows_done") and os.path.isfile(stopped.get("path") or ""):
                 folder, prefix = partial_prefix_for(out)

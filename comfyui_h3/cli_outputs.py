@@ -15,8 +15,10 @@ OutputError naming the file and the cause, in one line.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import secrets
 
 from .backend.media.encode import next_free_path, release_placeholder, reserve_path
@@ -38,9 +40,28 @@ def describe_write_error(exc: BaseException) -> str:
             return seen.strerror or os.strerror(seen.errno)
         seen = seen.__cause__ or seen.__context__
     text = str(exc)
+    reported = _REPORTED_OS_ERROR.search(text)  # a worker's report carries the OSError as text
+    if reported:
+        return os.strerror(int(reported.group(1)))
     if "No space left" in text or "StorageFull" in text:  # safetensors reports io errors as text
         return os.strerror(errno.ENOSPC)
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+_REPORTED_OS_ERROR = re.compile(r"\[Errno (\d{1,3})\] ")  # an OS errno (FFmpeg's codes are larger)
+
+
+def write_errno(exc: BaseException) -> int | None:
+    """The errno of a failed write: the first OSError's in the chain, or the one a report names as text."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    reported = _REPORTED_OS_ERROR.search(str(exc))
+    if reported:
+        return int(reported.group(1))
+    return errno.ENOSPC if describe_write_error(exc) == os.strerror(errno.ENOSPC) else None
 
 
 def check_writable(path: str) -> str:
@@ -106,7 +127,7 @@ class CliOutputs:
             while True:
                 staged = os.path.join(folder, f".{os.path.basename(key)}.{secrets.token_hex(4)}.part")
                 try:
-                    item["staged"] = reserve_path(staged)
+                    item["staged"] = item["was_staged"] = reserve_path(staged)
                     return staged
                 except FileExistsError:
                     continue
@@ -129,6 +150,28 @@ class CliOutputs:
             if type(exc).__name__ == "SafetensorError":
                 raise OutputError(None, f"Could not write {key}: {describe_write_error(exc)}.") from None
             raise
+
+    @contextlib.contextmanager
+    def naming_failures(self):
+        """For a worker that streams into a staged output: an error that names the hidden temporary (the staged
+        `.<name>.<hex>.part`, or its writer's `..<name>.<hex>.part.<hex>.tmp`) becomes OutputError naming the
+        output the user asked for, with the cause in short ("No space left on device")."""
+        try:
+            yield
+        except Exception as exc:
+            failed = self.failed_write(exc)
+            if failed is None:
+                raise
+            raise failed from None
+
+    def failed_write(self, exc: BaseException) -> "OutputError | None":
+        """OutputError naming the output whose temporary `exc` mentions, else None."""
+        text = str(exc)
+        for item in self._items:
+            staged = item.get("staged") or item.get("was_staged")
+            if staged and os.path.basename(staged) in text:
+                return OutputError(write_errno(exc), f"Could not write {item['final']}: {describe_write_error(exc)}.")
+        return None
 
     def publish(self) -> list[str]:
         """Move every staged output to its final name, never over an existing file; if one cannot be published,

@@ -72,7 +72,8 @@ def upscale(args, files) -> int:
     with outputs:
         request.output_path = outputs.stage(out)  # the worker streams into it and publishes it complete there
         stopped: dict = {}
-        result = run_upscale(config, request, stopped)
+        with outputs.naming_failures():  # a full disk names --out, not the hidden file the worker writes
+            result = run_upscale(config, request, stopped)
         if result is None:
             staged = request.output_path
             if stopped.get("frames_done") and os.path.isfile(staged) and os.path.getsize(staged) > 0:

@@ -3,6 +3,8 @@ so the demo, the tests and the shipped workflows run anywhere without the 62 GB 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -16,6 +18,43 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+class TinyCacheError(OSError):
+    """A tiny set could not be built in its cache folder (full, read-only): one sentence naming the folder."""
+
+    def __init__(self, code: int | None, message: str):
+        super().__init__(message)
+        self.errno = code
+
+
+@contextlib.contextmanager
+def _building(what: str, folder: Path):
+    """Building `what` into `folder`: a failed write there (a full disk reported by the OS or only as safetensors'
+    text) becomes TinyCacheError naming the folder and COMFYUI_H3_CACHE, instead of a cause that names no file."""
+    try:
+        yield
+    except Exception as exc:
+        cause = _write_cause(exc)
+        if cause is None:
+            raise
+        raise TinyCacheError(cause[0], f"Cannot build the tiny {what} in the cache folder {folder}: {cause[1]} "
+                                       "(free some space there, or set COMFYUI_H3_CACHE to another folder).") from None
+
+
+def _write_cause(exc: BaseException) -> tuple[int | None, str] | None:
+    """(errno, reason) of a failed file write, else None (a bug keeps its traceback)."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and (seen.errno or seen.strerror):
+            return seen.errno, seen.strerror or os.strerror(seen.errno)
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    if type(exc).__name__ == "SafetensorError" or "No space left" in text:
+        if "No space left" in text or "StorageFull" in text:
+            return errno.ENOSPC, os.strerror(errno.ENOSPC)
+        return None, f"safetensors could not write a file ({text.splitlines()[0] if text else 'no reason given'})"
+    return None
+
+
 def ensure_tiny_model(target: str | os.PathLike | None = None) -> Path:
     """Path of the tiny set, building it if absent. Built in a temp folder beside the target and renamed into place,
     so a crash never leaves a half-built model that later runs would trust."""
@@ -24,6 +63,11 @@ def ensure_tiny_model(target: str | os.PathLike | None = None) -> Path:
     target = Path(target) if target else cache_dir() / "tiny-h3"
     if (target / "model_index.json").is_file():
         return target
+    with _building("MiniMax-H3 model", target.parent):
+        return _build_tiny_h3(target, make_tiny_h3)
+
+
+def _build_tiny_h3(target: Path, make_tiny_h3) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-h3-", dir=target.parent))
     try:
@@ -51,7 +95,8 @@ def ensure_tiny_student(variant: str = "vsa-datafree", target: str | os.PathLike
         raise ValueError(f"tiny student variant must be vsa-datafree or dense-datafree, got {variant!r}.")
     target = Path(target) if target else cache_dir() / "tiny-fasth3" / variant / "adapter_model.safetensors"
     if not target.is_file():
-        make_tiny_fasth3(target, gates=variant == "vsa-datafree")
+        with _building("FastH3 student", target.parent):
+            make_tiny_fasth3(target, gates=variant == "vsa-datafree")
     return target
 
 
@@ -66,6 +111,11 @@ def ensure_tiny_seedvr2(target: str | os.PathLike | None = None, variant: str = 
     target = Path(target) if target else cache_dir() / f"tiny-seedvr2-{variant}"
     if (target / DIT_FILE.format(variant=variant)).is_file():
         return target
+    with _building("SeedVR2 model", target.parent):
+        return _build_tiny_seedvr2(target, variant, make_tiny_seedvr2, DIT_FILE)
+
+
+def _build_tiny_seedvr2(target: Path, variant: str, make_tiny_seedvr2, DIT_FILE) -> Path:  # noqa: N803
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tiny-seedvr2-", dir=target.parent))
     try:
@@ -88,6 +138,11 @@ def _ensure_tiny_folder(name: str, make, target) -> Path:
     target = Path(target) if target else cache_dir() / name
     if (target / "config.json").is_file() and (target / "processor_config.json").is_file():
         return target
+    with _building(name.removeprefix("tiny-").upper() + " model", target.parent):
+        return _build_tiny_folder(name, make, target)
+
+
+def _build_tiny_folder(name: str, make, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:

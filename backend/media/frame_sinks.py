@@ -26,6 +26,9 @@ class MemorySink:
     def write_audio(self, wave: torch.Tensor, sample_rate: int) -> None:
         self.audio.append(wave.cpu())
 
+    def check(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -64,6 +67,10 @@ class FileSink:
 
     def write_audio(self, wave: torch.Tensor, sample_rate: int) -> None:
         self.saver.write_audio(wave, sample_rate)
+
+    def check(self) -> None:
+        """Raise the writer's failure (a full disk) now, between batches."""
+        self.saver.check()
 
     def close(self) -> None:
         self.saver.close()

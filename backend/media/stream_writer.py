@@ -129,6 +129,11 @@ class ChunkedFrameStream(abc.ABC):
             self._finish(abort=True)
             raise RuntimeError(f"the video encoder failed: {error}") from error
 
+    def check(self) -> None:
+        """Raise now if the consumer has failed (a full disk): a caller between costly steps stops at the first
+        failed write instead of computing the rest first."""
+        self._raise_if_failed()
+
     def write(self, video: torch.Tensor) -> None:
         """Queue frames for encoding; see the module docstring for the accepted layouts."""
         if self._closed:

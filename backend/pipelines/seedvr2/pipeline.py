@@ -118,6 +118,8 @@ class SeedVR2Pipeline:
             for k, (start, stop) in enumerate(plan.spans):
                 tb = time.perf_counter()
                 check(k)
+                if sink is not None:
+                    sink.check()  # a failed write (a full disk) ends the run here, not after the remaining batches
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
                                        batch_generator(req.seed, k), p, routing_for,
                                        self.runtime.attention, timings if req.timings else None,
