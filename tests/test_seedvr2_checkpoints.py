@@ -93,6 +93,10 @@ def test_fp8_file_is_cast_per_tensor(tiny, tmp_path):
     model = ck.load_dit(path, "cpu", torch.bfloat16)
     loaded = model.state_dict()
     for key, value in stored.items():
+        if key.endswith(".rope.rope.freqs"):  # RoPE buffers: float32, the stored fp16 ones, fp8 -> the formula
+            want = value.float() if value.dtype == torch.float16 else state[key].float()
+            assert torch.equal(loaded[key], want), key
+            continue
         assert loaded[key].dtype == torch.bfloat16
         assert torch.equal(loaded[key], value.to(torch.bfloat16)), key
 

@@ -109,29 +109,106 @@ def test_equals_official_fp32(variant, i, case):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_rope_buffers_are_the_official_values_but_unused(variant):
+ROPE_FP16 = FIXTURES / "seedvr2_dit_rope_fp16.safetensors"  # tools/make_seedvr2_dit_rope_fp16_goldens.py
+
+
+def _rope_keys(model):
+    return [k for k in model.state_dict() if k.endswith(".rope.rope.freqs")]
+
+
+def _tiny_file(tmp_path, variant, freqs):
+    """The golden tiny DiT saved as a checkpoint whose every RoPE buffer is `freqs` (dtype as given)."""
+    from safetensors.torch import save_file
+
     model = _model(variant)
-    cfg = model.config
+    state = {k: (freqs.clone() if k in _rope_keys(model) else v).contiguous() for k, v in model.state_dict().items()}
+    path = tmp_path / f"seedvr2_tiny_{variant}.safetensors"
+    save_file(state, str(path))
+    return path
+
+
+def _run_case(model, variant, i):
+    case = json.loads(GOLDEN[variant][0]["cases"])[i]
+    vid, txt = _inputs(variant, i, case)
+    with torch.no_grad():
+        return model(vid, txt, case["timestep"], routing=LocalRouting(case["grid"], model.config.layers,
+                                                                          case["counts"]))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rope_formula_is_the_official_buffer_of_an_fp32_file(variant):
+    cfg = _model(variant).config
     official = GOLDEN[variant][1]["rope_freqs"]
     ours = R.mmrope3d_frequencies(cfg.rope_dim) if cfg.rope == "mmrope3d" else R.pixel_frequencies(cfg.head_dim)
     torch.testing.assert_close(ours, official, rtol=0, atol=0)
-    # RoPE comes from the formula: garbage in the stored buffers (fp8 files round them) changes nothing.
-    i, case = 2, json.loads(GOLDEN[variant][0]["cases"])[2]
-    vid, txt = _inputs(variant, i, case)
-    routing = LocalRouting(case["grid"], cfg.layers, case["counts"])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp16_rope_buffers_give_the_official_result(variant, tmp_path):
+    # The official code rotates with the buffers the checkpoint stores (fp16-rounded in the released fp16 files).
+    from comfyui_h3.backend.models.seedvr2.checkpoints import load_dit
+
+    with safe_open(str(ROPE_FP16), framework="pt") as f:
+        meta, gold = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    stored = gold[f"{variant}.freqs"]
+    assert stored.dtype == torch.float16
+    weights = json.loads(meta["weight_sums"])[variant]
+    assert weights == json.loads(GOLDEN[variant][0]["weight_sums"])  # the same tiny model as the DiT goldens
+    model = load_dit(_tiny_file(tmp_path, variant, stored), "cpu", torch.float32)
+    for blk in model.blocks:
+        assert blk.attn.rope.rope.values == tuple(stored.float().tolist())
+        assert blk.attn.rope.rope.freqs.dtype == torch.float32
+    case = json.loads(meta["case"])
+    vid, txt = _inputs(variant, case["salt"], case)
+    routing = LocalRouting(case["grid"], model.config.layers, case["counts"])
     with torch.no_grad():
-        ref = model(vid, txt, case["timestep"], routing=routing)
-        saved = [b.clone() for n, b in model.named_buffers() if n.endswith("rope.rope.freqs")]
-        for n, b in model.named_buffers():
-            if n.endswith("rope.rope.freqs"):
-                b.fill_(123.0)
-        try:
-            out = model(vid, txt, case["timestep"], routing=routing)
-        finally:
-            for b, s in zip((b for n, b in model.named_buffers() if n.endswith("rope.rope.freqs")), saved):
-                b.copy_(s)
-    assert torch.equal(out, ref)
+        out = model(vid, txt, case["timestep"], routing=routing)
+        formula = _model(variant)(vid, txt, case["timestep"], routing=routing)  # the formula's frequencies
+    ref = gold[f"{variant}.out"]
+    assert _rel(out, ref) <= 1e-5
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # ...and the fp16 rounding shows in the official output: the formula's frequencies do not give it.
+    assert _rel(formula, ref) > 20 * max(_rel(out, ref), 1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_rope_buffers_fall_back_to_the_formula(variant, fp8, tmp_path):
+    from comfyui_h3.backend.models.seedvr2.checkpoints import load_dit
+
+    official = GOLDEN[variant][1]["rope_freqs"]
+    model = load_dit(_tiny_file(tmp_path, variant, official.to(fp8)), "cpu", torch.float32)
+    for blk in model.blocks:
+        assert blk.attn.rope.rope.values == tuple(official.tolist())
+    out = _run_case(model, variant, 2)
+    torch.testing.assert_close(out, GOLDEN[variant][1]["2.out"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_rope_buffers_that_are_not_seedvr2_are_refused_naming_file_and_key(variant, dtype, tmp_path):
+    from comfyui_h3.backend.models.checkpoint import CheckpointError
+    from comfyui_h3.backend.models.seedvr2.checkpoints import load_dit
+
+    official = GOLDEN[variant][1]["rope_freqs"]
+    # Within the dtype's rounding loads; a few ulps of the dtype off (or NaN) is another file.
+    load_dit(_tiny_file(tmp_path, variant, official.to(dtype)), "cpu", torch.float32)
+    ulp = torch.finfo(dtype).eps
+    for bad in (official * (1 + 4 * ulp), official.clone().index_fill_(0, torch.tensor([1]), float("nan"))):
+        path = _tiny_file(tmp_path, variant, bad.to(dtype))
+        with pytest.raises(CheckpointError) as e:
+            load_dit(path, "cpu", torch.float32)
+        assert str(path) in str(e.value) and "blocks.0.attn.rope.rope.freqs" in str(e.value)
+
+
+def test_rope_values_survive_a_cast_of_the_model(tmp_path):
+    # Casting the model (bf16 compute) must not round the frequencies it rotates with.
+    from comfyui_h3.backend.models.seedvr2.checkpoints import load_dit
+
+    with safe_open(str(ROPE_FP16), framework="pt") as f:
+        freqs = f.get_tensor("3b.freqs")
+    model = load_dit(_tiny_file(tmp_path, "3b", freqs), "cpu", torch.bfloat16).to(torch.bfloat16)
+    assert model.blocks[0].attn.rope.rope.values == tuple(freqs.float().tolist())
 
 
 # ---- released checkpoints: keys, shapes, sizes -------------------------------------------------------------------

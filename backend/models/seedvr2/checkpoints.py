@@ -90,7 +90,7 @@ def _floating(key: str, stored: torch.dtype, compute: torch.dtype) -> torch.dtyp
 def load_dit(path: str | os.PathLike, device: torch.device | str, dtype: torch.dtype, expect: str = "auto"):
     """The DiT of a release file, strictly (every key, every shape), on `device` in `dtype`. `expect`: '3b'/'7b'
     refuses the other variant with a message naming both; 'auto' takes what the file holds."""
-    from .dit import SeedVR2DiT
+    from .dit import SeedVR2DiT, StoredRopeError
 
     shapes = header_shapes(path)
     config = dit_config_from_header(shapes, path)
@@ -99,7 +99,12 @@ def load_dit(path: str | os.PathLike, device: torch.device | str, dtype: torch.d
                               f"was chosen: pick a {expect.upper()} file or the {config.variant.upper()} model.")
     with torch.device("meta"):
         model = SeedVR2DiT(config)
-    load_into(model, path, device="cpu", dtype_for=lambda k, d: _floating(k, d, dtype))
+    # RoPE buffers stay as stored: the model checks them at their own precision and keeps float32 (dit.py).
+    keep = lambda k, d: d if k.endswith(".rope.rope.freqs") else _floating(k, d, dtype)  # noqa: E731
+    try:
+        load_into(model, path, device="cpu", dtype_for=keep)
+    except StoredRopeError as e:
+        raise CheckpointError(f"{path}: {e}.") from None
     return _materialised(model, path).to(device=device).eval().requires_grad_(False)
 
 

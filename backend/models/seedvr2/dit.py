@@ -20,8 +20,11 @@ Contract (stated once here):
   (unmodulated); the output head reuses the *attention* shift/scale slice of e (an upstream cache-key collision):
   out = RMSNorm_affine(x) * (e_scale_attn + out_scale) + (e_shift_attn + out_shift).
 - Text leaves the model after the last layer, so the last layer's text output (attention out, MLP) is not computed.
-- The checkpoints' ``blocks.N.attn.rope.rope.freqs`` are kept as buffers (strict loads work) but never read: RoPE
-  comes from the formula in float32 (rope.py).
+- RoPE frequencies: each block rotates with the ``blocks.N.attn.rope.rope.freqs`` its checkpoint stores, as the
+  official code does (the released fp16 files hold fp16-rounded values, and the model was trained with what it
+  stores), taken as float32. A buffer that is not float16/bfloat16/float32/float64 (fp8 files round it to 3 bits)
+  gives way to the formula (rope.py); a buffer that disagrees with the formula beyond its dtype's rounding is a
+  foreign or damaged file and is refused (StoredRopeError naming the key; the loader adds the file).
 """
 
 from __future__ import annotations
@@ -92,16 +95,56 @@ class _NormWeight(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
 
-class _StoredFreqs(nn.Module):
-    """Holds the checkpoint's ``rope.rope.freqs`` buffer: loaded for key compatibility, never used."""
+class StoredRopeError(ValueError):
+    """A checkpoint's RoPE frequency buffer is not the SeedVR2 one (message names the key)."""
 
-    def __init__(self, freqs: torch.Tensor):
+
+#: Stored dtypes whose RoPE buffer is used; others (fp8) keep the formula.
+_USABLE_ROPE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class _StoredFreqs(nn.Module):
+    """The checkpoint's ``rope.rope.freqs`` buffer. ``values`` (float32 values as a tuple, rope.py's cache key) is
+    what the block rotates with: the formula until a state dict is loaded, then the stored buffer when usable.
+    It is a plain attribute so that casting the module (``.to(bfloat16)``) never rounds it."""
+
+    def __init__(self, formula: Tuple[float, ...]):
         super().__init__()
-        self.register_buffer("freqs", freqs)
+        self.register_buffer("freqs", torch.tensor(formula, dtype=torch.float32))  # meta on a meta-built model
+        self.formula = formula
+        self.values = formula
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "freqs"
+        stored = state_dict.get(key)
+        if isinstance(stored, torch.Tensor) and stored.device.type != "meta":
+            state_dict[key] = self._adopt(key, stored)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _adopt(self, key: str, stored: torch.Tensor) -> torch.Tensor:
+        formula = torch.tensor(self.formula, dtype=torch.float32)
+        if stored.shape != formula.shape:
+            return stored  # the strict load refuses it, naming the shapes
+        if stored.dtype not in _USABLE_ROPE_DTYPES:
+            self.values = self.formula  # fp8: the formula's float32 values
+            return formula
+        values = stored.detach().to(device="cpu", dtype=torch.float32)
+        info = torch.finfo(stored.dtype)
+        # Rounding to the stored dtype moves a value by at most half an ulp: allow one ulp (and the tiniest normal).
+        bound = formula.abs() * max(info.eps, torch.finfo(torch.float32).eps) + info.tiny
+        bad = ~((values - formula).abs() <= bound)  # NaN counts as bad
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0, 0])
+            raise StoredRopeError(
+                f"{key} holds RoPE frequency {float(values[j]):.6g} at index {j} where SeedVR2's is "
+                f"{float(formula[j]):.6g} (more than {str(stored.dtype).replace('torch.', '')} rounding apart): "
+                f"not a SeedVR2 checkpoint of this model, or a damaged one")
+        self.values = tuple(values.tolist())
+        return values
 
 
 class _RopeHolder(nn.Module):
-    def __init__(self, freqs: torch.Tensor):
+    def __init__(self, freqs: Tuple[float, ...]):
         super().__init__()
         self.rope = _StoredFreqs(freqs)
 
@@ -168,11 +211,12 @@ class _Attention(nn.Module):
         self.proj_out = _Streams(lambda: nn.Linear(inner, cfg.dim), shared)
         self.norm_q = _Streams(lambda: _NormWeight(cfg.head_dim), shared)
         self.norm_k = _Streams(lambda: _NormWeight(cfg.head_dim), shared)
-        if cfg.rope == "mmrope3d":
-            freqs = R.mmrope3d_frequencies(cfg.rope_dim)
-        else:
-            freqs = R.pixel_frequencies(cfg.head_dim)
-        self.rope = _RopeHolder(freqs)
+        with torch.device("cpu"):  # the formula's values, also while the model is built on the meta device
+            if cfg.rope == "mmrope3d":
+                freqs = R.mmrope3d_frequencies(cfg.rope_dim)
+            else:
+                freqs = R.pixel_frequencies(cfg.head_dim)
+        self.rope = _RopeHolder(tuple(freqs.tolist()))
 
 
 class _Block(nn.Module):
@@ -284,15 +328,16 @@ class SeedVR2DiT(nn.Module):
 
         q, k, v = self._qkv(x, blk.attn, "vid", vid_in)
         tq, tk, tv = self._qkv(txt, blk.attn, "txt", txt_in)
+        freqs = blk.attn.rope.rope.values
         if cfg.rope == "mmrope3d":
-            ttab = R.mmrope3d_text_table(txt_len, cfg.rope_dim, device=x.device)
+            ttab = R.mmrope3d_text_table(txt_len, cfg.rope_dim, device=x.device, freqs=freqs)
             tq, tk = R.apply_rope(tq, ttab), R.apply_rope(tk, ttab)
 
             def rope(shape):
-                return R.mmrope3d_video_table(shape, txt_len, cfg.rope_dim, device=x.device)
+                return R.mmrope3d_video_table(shape, txt_len, cfg.rope_dim, device=x.device, freqs=freqs)
         else:
             def rope(shape):
-                return R.pixel_video_table(shape, cfg.head_dim, device=x.device)
+                return R.pixel_video_table(shape, cfg.head_dim, device=x.device, freqs=freqs)
 
         o, txt_sum = window_attention_rows(q, k, v, tq, tk, tv, rows, attention=attention, plan=plan, rope=rope)
         del q, k, v

@@ -19,17 +19,19 @@ Contract (stated once here):
 - 7B "pixel" (module dim = head_dim // 2 = 64): axis dim ``d = 64 // 3`` (21), ``d // 2`` (10) frequencies
   ``linspace(1, 128, 10) * pi``, so a = 20 and rot = 60 (channels 60..127 untouched). Position on an axis of
   window extent n is ``linspace(-1, 1, n)`` (n = 1 gives -1). Text is not rotated.
-- Precision: angles are float32 ``position * frequency`` products of float32 positions and frequencies built with
-  the same ops as the official code (the model was trained with those exact angles); tables are made on the CPU
-  (deterministic) and moved to the device. The frequency buffers stored in the released fp16/fp8 checkpoints are
-  rounded copies and are never used. Rotation runs in float32 and returns the input dtype (as the official code).
+- Frequencies: the official code rotates with the ``rope.rope.freqs`` buffer each checkpoint stores, so a table
+  takes the frequencies (``freqs``, a tuple of float32 values, the cache key) the DiT adopted from its checkpoint
+  (dit.py); ``None`` means the formula below (files without usable buffers, e.g. fp8 ones).
+- Precision: angles are float32 ``position * frequency`` products of float32 positions and frequencies (the
+  formula uses the same ops as the official code); tables are made on the CPU (deterministic) and moved to the
+  device. Rotation runs in float32 and returns the input dtype (as the official code).
 """
 
 from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -53,6 +55,13 @@ def pixel_frequencies(head_dim: int = 128) -> torch.Tensor:
     if d < 2:
         raise ValueError(f"pixel RoPE head_dim {head_dim} is too small: it needs at least 12 channels")
     return torch.linspace(1.0, PIXEL_MAX_FREQ / 2, d // 2) * math.pi
+
+
+Freqs = Optional[Tuple[float, ...]]
+
+
+def _freqs(freqs: Freqs, formula: Callable[[], torch.Tensor]) -> torch.Tensor:
+    return formula() if freqs is None else torch.tensor(freqs, dtype=torch.float32)
 
 
 def _axis_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -83,45 +92,61 @@ def _check_shape(shape: Sequence[int]) -> Tuple[int, int, int]:
 
 
 @lru_cache(maxsize=256)
-def _mm_video(shape: Tuple[int, int, int], txt_len: int, rope_dim: int, device: str) -> Table:
+def _mm_video(shape: Tuple[int, int, int], txt_len: int, rope_dim: int, device: str, freqs: Freqs) -> Table:
     t, h, w = shape
     ang = _grid_angles(
-        (torch.arange(txt_len, txt_len + t), torch.arange(h), torch.arange(w)), mmrope3d_frequencies(rope_dim)
+        (torch.arange(txt_len, txt_len + t), torch.arange(h), torch.arange(w)),
+        _freqs(freqs, lambda: mmrope3d_frequencies(rope_dim)),
     )
     return ang.cos().to(device), ang.sin().to(device)
 
 
 @lru_cache(maxsize=64)
-def _mm_text(txt_len: int, rope_dim: int, device: str) -> Table:
-    ang = _axis_angles(torch.arange(txt_len), mmrope3d_frequencies(rope_dim)).repeat(1, 3)
+def _mm_text(txt_len: int, rope_dim: int, device: str, freqs: Freqs) -> Table:
+    ang = _axis_angles(torch.arange(txt_len), _freqs(freqs, lambda: mmrope3d_frequencies(rope_dim))).repeat(1, 3)
     return ang.cos().to(device), ang.sin().to(device)
 
 
 @lru_cache(maxsize=256)
-def _pixel_video(shape: Tuple[int, int, int], head_dim: int, device: str) -> Table:
-    ang = _grid_angles(tuple(torch.linspace(-1.0, 1.0, n) for n in shape), pixel_frequencies(head_dim))
+def _pixel_video(shape: Tuple[int, int, int], head_dim: int, device: str, freqs: Freqs) -> Table:
+    axes = tuple(torch.linspace(-1.0, 1.0, n) for n in shape)
+    ang = _grid_angles(axes, _freqs(freqs, lambda: pixel_frequencies(head_dim)))
     return ang.cos().to(device), ang.sin().to(device)
 
 
+def _key(freqs: Freqs, count: int) -> Freqs:
+    if freqs is None:
+        return None
+    freqs = tuple(float(f) for f in freqs)
+    if len(freqs) != count:
+        raise ValueError(f"RoPE needs {count} frequencies per axis, got {len(freqs)}")
+    return freqs
+
+
 def mmrope3d_video_table(
-    window_shape: Sequence[int], txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu"
+    window_shape: Sequence[int], txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu",
+    freqs: Freqs = None,
 ) -> Table:
     """3B table of one window shape (t, h, w) with L_txt = ``txt_len``: cos/sin [t*h*w, 3 * 2 * ((rope_dim//3)//2)]."""
     if txt_len < 0:
         raise ValueError(f"text length {txt_len} must be >= 0")
-    return _mm_video(_check_shape(window_shape), int(txt_len), int(rope_dim), str(torch.device(device)))
+    return _mm_video(_check_shape(window_shape), int(txt_len), int(rope_dim), str(torch.device(device)),
+                     _key(freqs, (rope_dim // 3) // 2))
 
 
-def mmrope3d_text_table(txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu") -> Table:
+def mmrope3d_text_table(txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu",
+                        freqs: Freqs = None) -> Table:
     """3B text table: cos/sin [txt_len, 3 * 2 * ((rope_dim//3)//2)], text token j at position j on every axis."""
     if txt_len < 0:
         raise ValueError(f"text length {txt_len} must be >= 0")
-    return _mm_text(int(txt_len), int(rope_dim), str(torch.device(device)))
+    return _mm_text(int(txt_len), int(rope_dim), str(torch.device(device)), _key(freqs, (rope_dim // 3) // 2))
 
 
-def pixel_video_table(window_shape: Sequence[int], head_dim: int = 128, device: torch.device | str = "cpu") -> Table:
+def pixel_video_table(window_shape: Sequence[int], head_dim: int = 128, device: torch.device | str = "cpu",
+                      freqs: Freqs = None) -> Table:
     """7B table of one window shape (t, h, w): cos/sin [t*h*w, 3 * 2 * (((head_dim//2)//3)//2)]."""
-    return _pixel_video(_check_shape(window_shape), int(head_dim), str(torch.device(device)))
+    return _pixel_video(_check_shape(window_shape), int(head_dim), str(torch.device(device)),
+                        _key(freqs, ((head_dim // 2) // 3) // 2))
 
 
 def apply_rope(x: torch.Tensor, table: Table) -> torch.Tensor:
