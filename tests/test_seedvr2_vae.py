@@ -65,6 +65,37 @@ def test_tiny_has_the_released_structure():
     assert sorted(k[2:] for k in T if k.startswith("w.")) == sorted(KEYS["keys"])
 
 
+def _shortcuts_where_widths_change(shapes):
+    """(resnets with a conv_shortcut, resnets whose in and out channels differ) of a key -> shape map."""
+    with_shortcut, changing = set(), set()
+    for key, shape in shapes.items():
+        if key.endswith(".conv1.weight"):
+            base = key[: -len("conv1.weight")]
+            if base + "conv_shortcut.weight" in shapes:
+                with_shortcut.add(base)
+            if shape[1] != shapes[base + "conv2.weight"][0]:
+                changing.add(base)
+    return with_shortcut, changing
+
+
+def test_tiny_is_the_released_structure_at_small_widths():
+    # The released key list (official code) is the oracle: same tensors in the same order, the same ranks, kernel
+    # sizes and fixed channels (RGB, latent), and conv shortcuts exactly in the resnets whose widths change.
+    released = {k: list(v) for k, v in KEYS["keys"].items()}
+    with torch.device("meta"):
+        tiny = {k: list(v.shape) for k, v in SeedVR2VAE(VAEConfig.tiny()).state_dict().items()}
+    assert list(tiny) == list(released)
+    for key, want in released.items():
+        got = tiny[key]
+        assert len(got) == len(want), key
+        assert got[2:] == want[2:], key  # kernel sizes
+        for g, w in zip(got[:2], want[:2]):
+            assert g == w if w < 64 else g < w, key  # io channels kept, widths smaller
+    with_shortcut, changing = _shortcuts_where_widths_change(released)
+    assert with_shortcut == changing and len(changing) == 4
+    assert _shortcuts_where_widths_change(tiny) == (with_shortcut, changing)
+
+
 def test_latent_scaling_constants():
     assert LATENT_SCALE == 0.9152 and LATENT_SHIFT == 0.0
 
