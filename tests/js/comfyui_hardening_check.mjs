@@ -198,8 +198,12 @@ async function layout({ workflows, vueNodes = false, playing = null }) {
       return n.id;
     }), { clip: playing, types: [...VIDEO_OUTPUTS] });
     if (!played.length) continue;
-    await page.waitForFunction((n) => document.querySelectorAll("video").length >= n, played.length, WAIT).catch(() => {});
-    await page.waitForFunction(() => [...document.querySelectorAll("video")].every((v) => v.readyState >= 1), null, WAIT).catch(() => {});
+    // the players of the clip, loaded (its size known); a short bound per workflow (a miss is judged from the boxes)
+    const loaded = (clip) => [...document.querySelectorAll("video")].filter((v) => (v.currentSrc || v.src).includes(clip));
+    await page.waitForFunction(({ clip, n, f }) => {
+      const videos = new Function(`return (${f})`)()(clip);
+      return videos.length >= n && videos.every((v) => v.readyState >= 1);
+    }, { clip: playing, n: played.length, f: loaded.toString() }, { timeout: 8000 }).catch(() => {});
     out[`${file}#playing`] = { boxes: await settledBoxes(), players: await page.evaluate(playerViews) };
   }
   return out;
