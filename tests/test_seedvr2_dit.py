@@ -157,6 +157,7 @@ def test_fp16_rope_buffers_give_the_official_result(variant, tmp_path):
     model = load_dit(_tiny_file(tmp_path, variant, stored), "cpu", torch.float32)
     for blk in model.blocks:
         assert blk.attn.rope.rope.values == tuple(stored.float().tolist())
+        assert blk.attn.rope.rope.dtype == "float16"  # the angles are computed in it, as the official code does
         assert blk.attn.rope.rope.freqs.dtype == torch.float32
     case = json.loads(meta["case"])
     vid, txt = _inputs(variant, case["salt"], case)
@@ -209,6 +210,7 @@ def test_rope_values_survive_a_cast_of_the_model(tmp_path):
         freqs = f.get_tensor("3b.freqs")
     model = load_dit(_tiny_file(tmp_path, "3b", freqs), "cpu", torch.bfloat16).to(torch.bfloat16)
     assert model.blocks[0].attn.rope.rope.values == tuple(freqs.float().tolist())
+    assert model.blocks[0].attn.rope.rope.dtype == "float16"
 
 
 # ---- released checkpoints: keys, shapes, sizes -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Write tests/fixtures/seedvr2_dit_rope_fp16.safetensors from the OFFICIAL NaDiT modules: the tiny 3B and 7B of
 tools/make_seedvr2_dit_goldens.py (same configs, deterministic weights and inputs) run in float32 with every
-block's ``rope.rope.freqs`` buffer rounded to float16, as a released fp16 checkpoint stores it. The official code
-rotates with that buffer, so this is what a file with fp16-rounded buffers must give.
+block's ``rope.rope.freqs`` buffer a float16 tensor, as the official loader leaves it after loading a released fp16
+checkpoint (``load_state_dict(..., assign=True)``). The official code rotates with that buffer (positions cast to
+its dtype), so this is what a file with fp16-rounded buffers must give.
 
 Usage (in the environment of tools/make_seedvr2_dit_goldens.py):
     python tools/make_seedvr2_dit_rope_fp16_goldens.py /path/to/SeedVR-checkout [--commit SHA] [--out FILE]
@@ -41,10 +42,10 @@ def main() -> None:
             for k, p in params.items():
                 p.copy_(weights[k])
             rounded = None
-            for name, buf in net.named_buffers():
-                if name.endswith("rope.rope.freqs"):
-                    rounded = buf.half()
-                    buf.copy_(rounded.float())  # an fp16 file loaded into the float32 model
+            for name, mod in net.named_modules():
+                if name.endswith("rope.rope"):
+                    rounded = mod.freqs.half()
+                    mod.freqs = rounded.clone()  # what assign=True leaves from an fp16 file
         t, h, w = grid
         vid = det_uniform((t, 2 * h, 2 * w, released["vid_in_channels"]), salt=10 * SALT + 1)
         txt = det_uniform((txt_len, TXT_DIM), salt=10 * SALT + 2)

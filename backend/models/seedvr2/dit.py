@@ -21,8 +21,8 @@ Contract (stated once here):
   out = RMSNorm_affine(x) * (e_scale_attn + out_scale) + (e_shift_attn + out_shift).
 - Text leaves the model after the last layer, so the last layer's text output (attention out, MLP) is not computed.
 - RoPE frequencies: each block rotates with the ``blocks.N.attn.rope.rope.freqs`` its checkpoint stores, as the
-  official code does (the released fp16 files hold fp16-rounded values, and the model was trained with what it
-  stores), taken as float32. A buffer that is not float16/bfloat16/float32/float64 (fp8 files round it to 3 bits)
+  official code does (the released fp16 files hold fp16-rounded values), kept as float32 values plus the stored
+  dtype, in which the angles are computed as the official code computes them (rope.py). A buffer that is not float16/bfloat16/float32/float64 (fp8 files round it to 3 bits)
   gives way to the formula (rope.py); a buffer that disagrees with the formula beyond its dtype's rounding is a
   foreign or damaged file and is refused (StoredRopeError naming the key; the loader adds the file).
 """
@@ -104,15 +104,15 @@ _USABLE_ROPE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float
 
 
 class _StoredFreqs(nn.Module):
-    """The checkpoint's ``rope.rope.freqs`` buffer. ``values`` (float32 values as a tuple, rope.py's cache key) is
-    what the block rotates with: the formula until a state dict is loaded, then the stored buffer when usable.
-    It is a plain attribute so that casting the module (``.to(bfloat16)``) never rounds it."""
+    """The checkpoint's ``rope.rope.freqs`` buffer. ``values`` (float32 values as a tuple, rope.py's cache key) and
+    ``dtype`` (the stored dtype's name) are what the block rotates with: the formula until a state dict is loaded,
+    then the stored buffer when usable. Plain attributes, so that casting the module never rounds them."""
 
     def __init__(self, formula: Tuple[float, ...]):
         super().__init__()
         self.register_buffer("freqs", torch.tensor(formula, dtype=torch.float32))  # meta on a meta-built model
         self.formula = formula
-        self.values = formula
+        self.values, self.dtype = formula, "float32"
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "freqs"
@@ -126,7 +126,7 @@ class _StoredFreqs(nn.Module):
         if stored.shape != formula.shape:
             return stored  # the strict load refuses it, naming the shapes
         if stored.dtype not in _USABLE_ROPE_DTYPES:
-            self.values = self.formula  # fp8: the formula's float32 values
+            self.values, self.dtype = self.formula, "float32"  # fp8: the formula's float32 values
             return formula
         values = stored.detach().to(device="cpu", dtype=torch.float32)
         info = torch.finfo(stored.dtype)
@@ -140,6 +140,7 @@ class _StoredFreqs(nn.Module):
                 f"{float(formula[j]):.6g} (more than {str(stored.dtype).replace('torch.', '')} rounding apart): "
                 f"not a SeedVR2 checkpoint of this model, or a damaged one")
         self.values = tuple(values.tolist())
+        self.dtype = str(stored.dtype).replace("torch.", "")  # float64 is computed in float32 (rope.py)
         return values
 
 
@@ -328,16 +329,16 @@ class SeedVR2DiT(nn.Module):
 
         q, k, v = self._qkv(x, blk.attn, "vid", vid_in)
         tq, tk, tv = self._qkv(txt, blk.attn, "txt", txt_in)
-        freqs = blk.attn.rope.rope.values
+        stored = dict(freqs=blk.attn.rope.rope.values, freqs_dtype=blk.attn.rope.rope.dtype)
         if cfg.rope == "mmrope3d":
-            ttab = R.mmrope3d_text_table(txt_len, cfg.rope_dim, device=x.device, freqs=freqs)
+            ttab = R.mmrope3d_text_table(txt_len, cfg.rope_dim, device=x.device, **stored)
             tq, tk = R.apply_rope(tq, ttab), R.apply_rope(tk, ttab)
 
             def rope(shape):
-                return R.mmrope3d_video_table(shape, txt_len, cfg.rope_dim, device=x.device, freqs=freqs)
+                return R.mmrope3d_video_table(shape, txt_len, cfg.rope_dim, device=x.device, **stored)
         else:
             def rope(shape):
-                return R.pixel_video_table(shape, cfg.head_dim, device=x.device, freqs=freqs)
+                return R.pixel_video_table(shape, cfg.head_dim, device=x.device, **stored)
 
         o, txt_sum = window_attention_rows(q, k, v, tq, tk, tv, rows, attention=attention, plan=plan, rope=rope)
         del q, k, v

@@ -20,11 +20,13 @@ Contract (stated once here):
   ``linspace(1, 128, 10) * pi``, so a = 20 and rot = 60 (channels 60..127 untouched). Position on an axis of
   window extent n is ``linspace(-1, 1, n)`` (n = 1 gives -1). Text is not rotated.
 - Frequencies: the official code rotates with the ``rope.rope.freqs`` buffer each checkpoint stores, so a table
-  takes the frequencies (``freqs``, a tuple of float32 values, the cache key) the DiT adopted from its checkpoint
-  (dit.py); ``None`` means the formula below (files without usable buffers, e.g. fp8 ones).
-- Precision: angles are float32 ``position * frequency`` products of float32 positions and frequencies (the
-  formula uses the same ops as the official code); tables are made on the CPU (deterministic) and moved to the
-  device. Rotation runs in float32 and returns the input dtype (as the official code).
+  takes the frequencies the DiT adopted from its checkpoint (dit.py): ``freqs`` (a tuple of their values) and
+  ``freqs_dtype`` (the stored dtype's name), both part of the cache key; ``freqs=None`` means the formula below in
+  float32 (files without usable buffers, e.g. fp8 ones).
+- Precision, as the official code with a buffer of that dtype: positions are cast to ``freqs_dtype``, the angles
+  ``position * frequency`` are computed in it (float32 for fp32 files and the formula, whose frequencies come from
+  the same ops as the official code), then widened to float32 for cos / sin. Tables are made on the CPU
+  (deterministic) and moved to the device. Rotation runs in float32 and returns the input dtype.
 """
 
 from __future__ import annotations
@@ -60,13 +62,24 @@ def pixel_frequencies(head_dim: int = 128) -> torch.Tensor:
 Freqs = Optional[Tuple[float, ...]]
 
 
-def _freqs(freqs: Freqs, formula: Callable[[], torch.Tensor]) -> torch.Tensor:
-    return formula() if freqs is None else torch.tensor(freqs, dtype=torch.float32)
+#: dtypes the angles may be computed in (the stored buffer's); anything else is computed in float32.
+ANGLE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _freqs(freqs: Freqs, dtype: str, formula: Callable[[], torch.Tensor]) -> torch.Tensor:
+    if freqs is None:
+        return formula()
+    return torch.tensor(freqs, dtype=torch.float32).to(ANGLE_DTYPES.get(dtype, torch.float32))
 
 
 def _axis_angles(pos: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    # [n] x [m] -> [n, 2m] float32, each frequency repeated for its interleaved channel pair.
-    return (pos.float()[:, None] * freqs[None, :]).repeat_interleave(2, dim=-1)
+    # [n] x [m] -> [n, 2m] in freqs' dtype, each frequency repeated for its interleaved channel pair.
+    return (pos.to(freqs.dtype)[:, None] * freqs[None, :]).repeat_interleave(2, dim=-1)
+
+
+def _table(ang: torch.Tensor, device: str) -> Table:
+    ang = ang.float()  # the official code widens the angles to float32 before cos / sin
+    return ang.cos().to(device), ang.sin().to(device)
 
 
 def _grid_angles(axes: Sequence[torch.Tensor], freqs: torch.Tensor) -> torch.Tensor:
@@ -92,26 +105,26 @@ def _check_shape(shape: Sequence[int]) -> Tuple[int, int, int]:
 
 
 @lru_cache(maxsize=256)
-def _mm_video(shape: Tuple[int, int, int], txt_len: int, rope_dim: int, device: str, freqs: Freqs) -> Table:
+def _mm_video(shape: Tuple[int, int, int], txt_len: int, rope_dim: int, device: str, freqs: Freqs,
+              dtype: str) -> Table:
     t, h, w = shape
     ang = _grid_angles(
         (torch.arange(txt_len, txt_len + t), torch.arange(h), torch.arange(w)),
-        _freqs(freqs, lambda: mmrope3d_frequencies(rope_dim)),
+        _freqs(freqs, dtype, lambda: mmrope3d_frequencies(rope_dim)),
     )
-    return ang.cos().to(device), ang.sin().to(device)
+    return _table(ang, device)
 
 
 @lru_cache(maxsize=64)
-def _mm_text(txt_len: int, rope_dim: int, device: str, freqs: Freqs) -> Table:
-    ang = _axis_angles(torch.arange(txt_len), _freqs(freqs, lambda: mmrope3d_frequencies(rope_dim))).repeat(1, 3)
-    return ang.cos().to(device), ang.sin().to(device)
+def _mm_text(txt_len: int, rope_dim: int, device: str, freqs: Freqs, dtype: str) -> Table:
+    ang = _axis_angles(torch.arange(txt_len), _freqs(freqs, dtype, lambda: mmrope3d_frequencies(rope_dim)))
+    return _table(ang.repeat(1, 3), device)
 
 
 @lru_cache(maxsize=256)
-def _pixel_video(shape: Tuple[int, int, int], head_dim: int, device: str, freqs: Freqs) -> Table:
+def _pixel_video(shape: Tuple[int, int, int], head_dim: int, device: str, freqs: Freqs, dtype: str) -> Table:
     axes = tuple(torch.linspace(-1.0, 1.0, n) for n in shape)
-    ang = _grid_angles(axes, _freqs(freqs, lambda: pixel_frequencies(head_dim)))
-    return ang.cos().to(device), ang.sin().to(device)
+    return _table(_grid_angles(axes, _freqs(freqs, dtype, lambda: pixel_frequencies(head_dim))), device)
 
 
 def _key(freqs: Freqs, count: int) -> Freqs:
@@ -125,28 +138,29 @@ def _key(freqs: Freqs, count: int) -> Freqs:
 
 def mmrope3d_video_table(
     window_shape: Sequence[int], txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu",
-    freqs: Freqs = None,
+    freqs: Freqs = None, freqs_dtype: str = "float32",
 ) -> Table:
     """3B table of one window shape (t, h, w) with L_txt = ``txt_len``: cos/sin [t*h*w, 3 * 2 * ((rope_dim//3)//2)]."""
     if txt_len < 0:
         raise ValueError(f"text length {txt_len} must be >= 0")
     return _mm_video(_check_shape(window_shape), int(txt_len), int(rope_dim), str(torch.device(device)),
-                     _key(freqs, (rope_dim // 3) // 2))
+                     _key(freqs, (rope_dim // 3) // 2), freqs_dtype)
 
 
 def mmrope3d_text_table(txt_len: int, rope_dim: int = 128, device: torch.device | str = "cpu",
-                        freqs: Freqs = None) -> Table:
+                        freqs: Freqs = None, freqs_dtype: str = "float32") -> Table:
     """3B text table: cos/sin [txt_len, 3 * 2 * ((rope_dim//3)//2)], text token j at position j on every axis."""
     if txt_len < 0:
         raise ValueError(f"text length {txt_len} must be >= 0")
-    return _mm_text(int(txt_len), int(rope_dim), str(torch.device(device)), _key(freqs, (rope_dim // 3) // 2))
+    return _mm_text(int(txt_len), int(rope_dim), str(torch.device(device)), _key(freqs, (rope_dim // 3) // 2),
+                    freqs_dtype)
 
 
 def pixel_video_table(window_shape: Sequence[int], head_dim: int = 128, device: torch.device | str = "cpu",
-                      freqs: Freqs = None) -> Table:
+                      freqs: Freqs = None, freqs_dtype: str = "float32") -> Table:
     """7B table of one window shape (t, h, w): cos/sin [t*h*w, 3 * 2 * (((head_dim//2)//3)//2)]."""
     return _pixel_video(_check_shape(window_shape), int(head_dim), str(torch.device(device)),
-                        _key(freqs, ((head_dim // 2) // 3) // 2))
+                        _key(freqs, ((head_dim // 2) // 3) // 2), freqs_dtype)
 
 
 def apply_rope(x: torch.Tensor, table: Table) -> torch.Tensor:
