@@ -22,9 +22,10 @@ Contract (stated once here):
 - Text leaves the model after the last layer, so the last layer's text output (attention out, MLP) is not computed.
 - RoPE frequencies: each block rotates with the ``blocks.N.attn.rope.rope.freqs`` its checkpoint stores, as the
   official code does (the released fp16 files hold fp16-rounded values), kept as float32 values plus the stored
-  dtype, in which the angles are computed as the official code computes them (rope.py). A buffer that is not float16/bfloat16/float32/float64 (fp8 files round it to 3 bits)
-  gives way to the formula (rope.py); a buffer that disagrees with the formula beyond its dtype's rounding is a
-  foreign or damaged file and is refused (StoredRopeError naming the key; the loader adds the file).
+  dtype, in which the angles are computed as the official code computes them (rope.py). A buffer that is not
+  float16/bfloat16/float32/float64 (fp8 files round it to 3 bits) gives way to the formula; a buffer that disagrees
+  with the formula beyond its dtype's rounding is a foreign or damaged file and is refused (StoredRopeError naming
+  the key; the loader adds the file).
 """
 
 from __future__ import annotations
