@@ -171,3 +171,26 @@ def test_weight_policies_it_cannot_apply_are_refused(tiny):
         config = seedvr2_config(_dit(tiny, "3b"), tiny / "a" / VAE_FILE, tiny / "a" / TEXT_FILE, weights=policy)
         with pytest.raises(ValueError, match="SeedVR2 runs its weights resident"):
             config.validate()
+
+
+def _legacy_vae(tiny, tmp_path, change):
+    state = load_file(str(tiny / "a" / VAE_FILE))
+    old = {k.replace(".to_q.", ".query.").replace(".to_k.", ".key.").replace(".to_v.", ".value.")
+           .replace(".to_out.0.", ".proj_attn."): v for k, v in state.items()}
+    key = next(k for k in old if k.startswith("decoder.") and k.endswith(".weight"))
+    old[key] = change(old[key])
+    path = tmp_path / "ema_vae_legacy.safetensors"
+    save_file(old, str(path))
+    return path, key
+
+
+def test_vae_with_older_names_is_checked_for_nan(tiny, tmp_path):
+    path, key = _legacy_vae(tiny, tmp_path, lambda t: torch.full_like(t, float("nan")))
+    with pytest.raises(CheckpointError, match=r"ema_vae_legacy.safetensors holds NaN or infinite values"):
+        ck.load_vae(path, "cpu", torch.float32)
+
+
+def test_vae_with_older_names_refuses_integer_weights_naming_the_key(tiny, tmp_path):
+    path, key = _legacy_vae(tiny, tmp_path, lambda t: t.to(torch.int8))
+    with pytest.raises(CheckpointError, match=rf"ema_vae_legacy.safetensors: {key} is stored as int8"):
+        ck.load_vae(path, "cpu", torch.float32)

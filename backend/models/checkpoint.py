@@ -154,8 +154,10 @@ def load_into(
     device: torch.device | str = "cpu",
     dtype_for: Callable[[str, torch.dtype], torch.dtype] | None = None,
     ignore_unexpected: Callable[[str], bool] | None = None,
+    rename: Callable[[str], str] | None = None,
 ) -> None:
     """Load a component folder into `module` strictly, assigning tensors (works on a meta-device module).
+    `rename(stored_key)`: the module's key for a stored one (a conversion with older names), checked the same way.
 
     `dtype_for(key, stored_dtype)` picks each tensor's dtype (default: as stored). Tensors holding NaN / Inf are a
     CheckpointError naming the shard (checked where they loaded, one sync at the end)."""
@@ -164,19 +166,21 @@ def load_into(
     finite = FiniteCheck(folder)
     for shard, listed in find_shards(folder).items():
         with reading(shard), safe_open(str(shard), framework="pt", device=str(device)) as handle:
-            keys = list(handle.keys())
-            if listed is not None and set(listed) - set(keys):
+            stored_keys = list(handle.keys())
+            names = {k: rename(k) if rename is not None else k for k in stored_keys}
+            keys = [names[k] for k in stored_keys]
+            if listed is not None and set(listed) - set(stored_keys):
                 raise CheckpointError(
-                    f"{shard} lacks keys its index assigns to it: {_first(set(listed) - set(keys))}"
+                    f"{shard} lacks keys its index assigns to it: {_first(set(listed) - set(stored_keys))}"
                 )
             unexpected = [k for k in keys if k not in expected and not (ignore_unexpected and ignore_unexpected(k))]
             if unexpected:
                 raise CheckpointError(f"{shard} holds keys this model does not have: {_first(unexpected)}")
             state = {}
-            for key in keys:
+            for stored_key, key in zip(stored_keys, keys):
                 if key not in expected:
                     continue
-                tensor = handle.get_tensor(key)
+                tensor = handle.get_tensor(stored_key)
                 want = expected[key]
                 if tuple(tensor.shape) != tuple(want.shape):
                     raise CheckpointError(

@@ -119,15 +119,9 @@ def load_vae(path: str | os.PathLike, device: torch.device | str, dtype: torch.d
     config = vae_config_from_header({renamed[k]: v for k, v in stored.items()}, path)
     with torch.device("meta"):
         model = SeedVR2VAE(config)
-    if all(renamed[k] == k for k in stored):
-        load_into(model, path, device="cpu", dtype_for=lambda k, d: _floating(k, d, dtype))
-    else:  # a conversion with diffusers' older attention names: same tensors, renamed (shapes checked above)
-        with reading(path), safe_open(str(path), framework="pt", device="cpu") as handle:
-            state = {}
-            for key in handle.keys():
-                tensor = handle.get_tensor(key)
-                state[renamed[key]] = tensor.to(_floating(key, tensor.dtype, dtype))
-        model.load_state_dict(state, strict=True, assign=True)
+    # A conversion with diffusers' older attention names holds the same tensors renamed: the same strict load (dtype,
+    # shape and NaN checks) reads it.
+    load_into(model, path, device="cpu", dtype_for=lambda k, d: _floating(k, d, dtype), rename=renamed.__getitem__)
     return _materialised(model, path).to(device=device).eval().requires_grad_(False)
 
 
