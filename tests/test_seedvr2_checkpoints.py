@@ -194,3 +194,50 @@ def test_vae_with_older_names_refuses_integer_weights_naming_the_key(tiny, tmp_p
     path, key = _legacy_vae(tiny, tmp_path, lambda t: t.to(torch.int8))
     with pytest.raises(CheckpointError, match=rf"ema_vae_legacy.safetensors: {key} is stored as int8"):
         ck.load_vae(path, "cpu", torch.float32)
+
+
+def test_text_embedding_copy_is_written_only_after_the_checks(tmp_path):
+    for bad in (torch.full((58, 5120), float("nan")), torch.zeros(58, 5120, dtype=torch.int64), torch.zeros(58)):
+        torch.save(bad, tmp_path / "pos_emb.pt")
+        with pytest.raises(CheckpointError, match="pos_emb.pt"):
+            ck.load_text_embedding(tmp_path / "pos_emb.pt", copy_to=tmp_path)
+        assert not (tmp_path / "pos_emb.safetensors").exists()
+    torch.save(torch.randn(58, 4096), tmp_path / "pos_emb.pt")
+    with pytest.raises(CheckpointError, match=r"pos_emb.pt: the text embedding is \(58, 4096\).*\[tokens, 5120\]"):
+        ck.load_text_embedding(tmp_path / "pos_emb.pt", copy_to=tmp_path, width=5120)
+    assert not (tmp_path / "pos_emb.safetensors").exists()
+
+
+def test_a_stale_copy_is_passed_over_for_the_pickle_beside_it(tmp_path):
+    from comfyui_h3.comfy_services.seedvr2_models import find_seedvr2_text_embedding
+
+    torch.save(torch.randn(58, 5120), tmp_path / "pos_emb.pt")
+    ck.load_text_embedding(tmp_path / "pos_emb.pt", copy_to=tmp_path)
+    copy = tmp_path / "pos_emb.safetensors"
+    assert ck.find_text_embedding([tmp_path]) == copy
+    fresh = torch.randn(58, 5120)
+    torch.save(fresh, tmp_path / "pos_emb.pt")  # the user replaced the pickle: the old copy no longer speaks for it
+    dit = tmp_path / "seedvr2_ema_3b_fp16.safetensors"
+    assert ck.find_text_embedding([tmp_path]) == tmp_path / "pos_emb.pt"
+    assert find_seedvr2_text_embedding(str(dit)) == str(tmp_path / "pos_emb.pt")
+    assert torch.equal(ck.load_text_embedding(tmp_path / "pos_emb.pt", copy_to=tmp_path), fresh)
+
+
+def test_a_users_own_safetensors_is_taken_and_never_overwritten(tmp_path):
+    own = torch.randn(58, 5120)
+    save_file({"pos_emb": own}, str(tmp_path / "pos_emb.safetensors"))
+    before = (tmp_path / "pos_emb.safetensors").read_bytes()
+    torch.save(torch.randn(58, 5120), tmp_path / "pos_emb.pt")
+    assert ck.find_text_embedding([tmp_path]) == tmp_path / "pos_emb.safetensors"
+    ck.load_text_embedding(tmp_path / "pos_emb.pt", copy_to=tmp_path)
+    assert (tmp_path / "pos_emb.safetensors").read_bytes() == before
+
+
+def test_a_pickle_refused_by_weights_only_is_one_plain_line(tmp_path):
+    path = tmp_path / "pos_emb.pt"
+    with open(path, "wb") as f:
+        pickle.dump({"x": _Evil()}, f)
+    with pytest.raises(CheckpointError) as info:
+        ck.load_text_embedding(path)
+    text = str(info.value)
+    assert str(path) in text and "\n" not in text and "\x1b" not in text

@@ -304,11 +304,12 @@ def find_seedvr2_text_embedding(dit_path: str) -> str:
     folders = ([os.path.dirname(os.path.abspath(dit_path))] + _seedvr2_folders() + _env_roots()
                + _pack_folders())
     searched = _unique(_norm(f) for f in folders)
+    from ..backend.models.seedvr2.checkpoints import text_embedding_in
+
     for folder in searched:
-        for name in TEXT_EMBEDDING_NAMES:
-            candidate = os.path.join(folder, name)
-            if os.path.isfile(candidate):
-                return candidate
+        found = text_embedding_in(folder)  # one rule for which of the two files a folder offers
+        if found is not None:
+            return str(found)
     raise SeedVR2FileNotFound(
         f"SeedVR2's text embedding pos_emb.pt was not found (looked in {', '.join(searched)}): download pos_emb.pt "
         f"from the SeedVR2 release (huggingface.co/ByteDance-Seed/SeedVR2-3B) into ComfyUI/models/"

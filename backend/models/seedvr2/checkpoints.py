@@ -158,19 +158,58 @@ def _materialised(model: torch.nn.Module, path) -> torch.nn.Module:
 
 
 def find_text_embedding(folders: Iterable[str | os.PathLike]) -> Path | None:
-    """The first `pos_emb.safetensors` (preferred) or `pos_emb.pt` in `folders`, in order."""
-    for name in TEXT_NAMES:
-        for folder in folders:
-            candidate = Path(folder) / name
-            if candidate.is_file():
-                return candidate
+    """The text embedding of the first of `folders` that holds one (:func:`text_embedding_in`)."""
+    for folder in folders:
+        found = text_embedding_in(folder)
+        if found is not None:
+            return found
     return None
 
 
-def load_text_embedding(path: str | os.PathLike, copy_to: str | os.PathLike | None = None) -> torch.Tensor:
-    """The fixed prompt embedding [L, 5120] (float32, CPU). A `.pt` is read as one plain tensor with
-    `weights_only=True` (no code runs); `copy_to` (a model folder the user chose, never another pack's install):
-    written there once as `pos_emb.safetensors` when possible, so later loads are safetensors only."""
+def text_embedding_in(folder: str | os.PathLike) -> Path | None:
+    """`pos_emb.safetensors` (preferred) or `pos_emb.pt` in `folder`. A safetensors copy this package wrote records
+    the sha256 of the pickle it came from: when the `pos_emb.pt` beside it is another file now (replaced, or the copy
+    came from elsewhere), the pickle is the source and the stale copy is passed over. A user's own safetensors (no
+    such record) is always taken."""
+    copy, pickle = Path(folder) / TEXT_NAMES[0], Path(folder) / TEXT_NAMES[1]
+    if copy.is_file():
+        made_from = _copy_source(copy)
+        if made_from is None or not pickle.is_file() or made_from == _sha256(pickle):
+            return copy
+    return pickle if pickle.is_file() else None
+
+
+_SOURCE_KEY = "comfyui_h3.source_sha256"
+
+
+def _copy_source(path: Path) -> str | None:
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            return (handle.metadata() or {}).get(_SOURCE_KEY)
+    except Exception:  # noqa: BLE001 - a damaged copy is the loader's to report, naming it
+        return None
+
+
+def _sha256(path: Path) -> str | None:
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def load_text_embedding(path: str | os.PathLike, copy_to: str | os.PathLike | None = None,
+                        width: int | None = None) -> torch.Tensor:
+    """The fixed prompt embedding [L, width] (float32, CPU); `width`: the DiT's `txt_dim` (5120 for the released
+    models), checked here so a wrong file fails before any video work. A `.pt` is read as one plain tensor with
+    `weights_only=True` (no code runs); `copy_to` (a model folder the user chose, never another pack's install): once
+    the tensor passed every check, written there as `pos_emb.safetensors` when none is there, so later loads are
+    safetensors only."""
     path = Path(path)
     if path.suffix == ".safetensors":
         with reading(path), safe_open(str(path), framework="pt", device="cpu") as handle:
@@ -179,27 +218,49 @@ def load_text_embedding(path: str | os.PathLike, copy_to: str | os.PathLike | No
                 raise CheckpointError(f"{path} should hold one tensor 'pos_emb', holds {keys[:5]}")
             tensor = handle.get_tensor("pos_emb")
     else:
-        with reading(path):
+        try:
             tensor = torch.load(str(path), map_location="cpu", weights_only=True)
+        except pickle_errors() as exc:
+            raise CheckpointError(f"Cannot read {path}: it is not a plain tensor file (torch.load with weights_only "
+                                  f"refused it: {_first_line(exc)}); use the release's pos_emb.pt.") from None
+        except OSError as exc:
+            raise CheckpointError(f"Cannot read {path}: {exc}") from None
         if not isinstance(tensor, torch.Tensor):
             raise CheckpointError(f"{path} does not hold a plain tensor (found {type(tensor).__name__}).")
-        if copy_to is not None:
-            _write_safetensors_copy(Path(copy_to) / "pos_emb.safetensors", tensor)
     if tensor.dim() != 2 or not tensor.is_floating_point() or tensor.shape[0] < 1:
         raise CheckpointError(f"{path}: the text embedding must be a [tokens, width] float tensor, got "
                               f"{tuple(tensor.shape)} {tensor.dtype}.")
+    if width is not None and tensor.shape[1] != width:
+        raise CheckpointError(f"{path}: the text embedding is {tuple(tensor.shape)}, the chosen DiT takes "
+                              f"[tokens, {width}]: use the pos_emb.pt of the same SeedVR2 release.")
     if not torch.isfinite(tensor).all():
         raise CheckpointError(f"{path}: the text embedding holds NaN or infinite values.")
+    if path.suffix != ".safetensors" and copy_to is not None:
+        _write_safetensors_copy(Path(copy_to) / TEXT_NAMES[0], tensor, _sha256(path))
     return tensor.float()
 
 
-def _write_safetensors_copy(target: Path, tensor: torch.Tensor) -> None:
-    if target.exists():
+def pickle_errors() -> tuple[type[BaseException], ...]:
+    import pickle
+
+    return (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, TypeError, AttributeError, ImportError)
+
+
+def _first_line(exc: BaseException) -> str:
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()  # torch colours its weights_only hints
+    return (text[0] if text else type(exc).__name__).rstrip(". ")
+
+
+def _write_safetensors_copy(target: Path, tensor: torch.Tensor, source_sha256: str | None) -> None:
+    if target.exists():  # a user's own file, or the copy made before: never overwritten
         return
     partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+    metadata = {_SOURCE_KEY: source_sha256} if source_sha256 else None
     try:
-        save_file({"pos_emb": tensor.contiguous()}, str(partial))
-        os.replace(partial, target)  # published whole or not at all; never over an existing file (checked above)
+        save_file({"pos_emb": tensor.contiguous()}, str(partial), metadata=metadata)
+        os.replace(partial, target)  # published whole or not at all
     except OSError:  # a read-only model folder: the .pt stays the source, read again next time
         try:
             partial.unlink()

@@ -39,8 +39,8 @@ class SeedVR2Components:
         # safetensors copy there; one found elsewhere (another pack's install) is only read.
         text = Path(options.text_path)
         beside_dit = text.parent == Path(options.dit_path).parent
-        self.text = load_text_embedding(text, copy_to=text.parent if beside_dit else None).to(self.device,
-                                                                                              self.dtype)
+        self.text = load_text_embedding(text, copy_to=text.parent if beside_dit else None,
+                                        width=self.dit.config.txt_dim).to(self.device, self.dtype)
 
     @property
     def config(self):
