@@ -140,6 +140,29 @@ def test_the_automatic_vae_is_the_one_beside_the_dit(fake_comfy):
     assert services.find_seedvr2_vae(dit) == str(models / "diffusion_models" / "seedvr2_vae_fp16.safetensors")
 
 
+def _truncated(path, shapes):
+    data = open(write(path, shapes), "rb").read()
+    path.write_bytes(data[: len(data) // 2])
+    return str(path)
+
+
+def test_a_truncated_dit_given_by_path_names_the_real_cause(tmp_path):
+    bad = _truncated(tmp_path / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
+    with pytest.raises(SeedVR2FileNotFound, match=r"seedvr2_ema_3b_fp16.safetensors.*damaged or incomplete") as info:
+        services.resolve_seedvr2_file(bad, "dit", allow_explicit_path=True, roots=[])
+    assert "holds no SeedVR2" not in str(info.value)
+
+
+def test_a_damaged_vae_beside_the_dit_is_named_not_replaced_by_a_download_hint(fake_comfy):
+    fp, base = fake_comfy
+    models = base / "models"
+    dit = write(models / "SEEDVR2" / "seedvr2_ema_3b_fp16.safetensors", DIT_3B)
+    bad = _truncated(models / "SEEDVR2" / "ema_vae_fp16.safetensors", VAE)
+    with pytest.raises(SeedVR2FileNotFound, match=r"ema_vae_fp16.safetensors.*damaged or incomplete") as info:
+        services.find_seedvr2_vae(dit)
+    assert bad in str(info.value) and "No SeedVR2 VAE" not in str(info.value)
+
+
 def test_loader_refuses_a_file_of_the_other_variant_before_anything_starts(fake_comfy, monkeypatch):
     from comfyui_h3.backend.engine import resident_engines
     from comfyui_h3.backend.models.checkpoint import CheckpointError

@@ -125,6 +125,20 @@ def seedvr2_file_kind(path: str) -> Optional[str]:
     return _KIND_CACHE[key]
 
 
+def header_error(path: str) -> Optional[str]:
+    """Why `path`'s safetensors header cannot be read (one line naming the file: truncated, corrupt), or None."""
+    from ..backend.models.checkpoint import CheckpointError
+    from ..backend.models.seedvr2.checkpoints import header_shapes
+
+    try:
+        header_shapes(path)
+    except (CheckpointError, OSError) as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 - the reason is reported, whatever the library raised
+        return f"Cannot read {path}: {type(exc).__name__}: {exc}"
+    return None
+
+
 def _read_kind(path: str) -> Optional[str]:
     from ..backend.models.checkpoint import CheckpointError
     from ..backend.models.seedvr2.checkpoints import dit_variant, header_shapes
@@ -247,6 +261,9 @@ def _checked(path: str, kind: str, what: str) -> str:
     if found is not None:
         raise SeedVR2FileNotFound(f"{path} is a SeedVR2 {KINDS[found]}, not a {KINDS[kind]}: choose it as the "
                                   f"{KINDS[found]}.")
+    cause = header_error(path)  # the listing skips unreadable files; a file the user named gets the real reason
+    if cause is not None:
+        raise SeedVR2FileNotFound(f"{cause.rstrip('.')}; it cannot be used as the {what}.")
     raise SeedVR2FileNotFound(f"{path} is not a {what} file (its safetensors header holds no SeedVR2 "
                               f"{KINDS[kind]} tensors).")
 
@@ -268,6 +285,11 @@ def find_seedvr2_vae(dit_path: str) -> str:
             and seedvr2_file_kind(os.path.join(beside, n)) == "vae"]
     if here:
         return os.path.join(beside, preferred(here))
+    for name in entries:  # the release's VAE beside the DiT but unreadable: name it rather than look elsewhere
+        cause = header_error(os.path.join(beside, name)) if name.lower().startswith("ema_vae") else None
+        if cause is not None:
+            raise SeedVR2FileNotFound(f"{cause.rstrip('.')}; it sits beside {dit_path} as its VAE: download "
+                                      f"ema_vae_fp16.safetensors again, or choose a VAE in the loader.")
     for root, is_dedicated in seedvr2_roots("vae"):
         names = _scan(root, "vae", is_dedicated) if os.path.isdir(root) else []
         if names:
