@@ -241,3 +241,12 @@ def test_a_pickle_refused_by_weights_only_is_one_plain_line(tmp_path):
         ck.load_text_embedding(path)
     text = str(info.value)
     assert str(path) in text and "\n" not in text and "\x1b" not in text
+
+
+def test_a_text_embedding_of_another_width_fails_when_the_pipeline_is_built(tiny, tmp_path):
+    width = ck.dit_config_from_header(ck.header_shapes(_dit(tiny, "3b")), _dit(tiny, "3b")).txt_dim
+    text = tmp_path / "pos_emb.pt"
+    torch.save(torch.randn(58, width + 8), text)
+    config = seedvr2_config(_dit(tiny, "3b"), tiny / "a" / VAE_FILE, text, dtype="float32", vae_dtype="float32")
+    with pytest.raises(CheckpointError, match=rf"pos_emb.pt: the text embedding is \(58, {width + 8}\).*{width}\]"):
+        config.build_pipeline(0)
