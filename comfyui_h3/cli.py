@@ -319,6 +319,15 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             print(f"error: {error_line(exc)}", file=sys.stderr)
             return 2
+        finally:
+            if args.command in ("run", "demo"):  # the workflows' engines end with the command (main() may be called
+                _end_engines()  # in-process, by a host or a test: no worker outlives it)
+
+
+def _end_engines() -> None:
+    engine = sys.modules.get(f"{__package__}.backend.engine")
+    if engine is not None:  # never imported: no engine was started, and importing it would pull in torch
+        engine.shutdown_all()
 
 
 def _show_worker_reports(show: bool) -> None:

@@ -51,6 +51,9 @@ def test_shipped_workflow_runs_from_a_fresh_folder_and_leaves_only_its_outputs(f
     made = _tree(out)
     assert made == ["H3/object_removal_00001.mp4", "H3/object_removal_00001.mp4.manifest.json"], made
     assert not [name for name in os.listdir(out) if name.startswith(".")]  # the temp folder is gone
+    from comfyui_h3.backend.engine import _ENGINES
+
+    assert not [e.config for e in list(_ENGINES.values()) if e.started]  # the command's workers ended with it
 
 
 def test_the_temp_folder_is_removed_when_the_workflow_fails(fresh_folder, tmp_path, monkeypatch, capsys):

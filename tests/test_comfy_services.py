@@ -24,7 +24,10 @@ _copies = 0
 def load_services():
     global _copies
     _copies += 1
-    name = f"_h3_comfy_services_under_test_{_copies}"
+    # A subpackage of comfyui_h3, as installed: its lazy relative imports (``..install_samples``, ``..backend``) resolve
+    import comfyui_h3  # noqa: F401  (light: no ComfyUI, no torch)
+
+    name = f"comfyui_h3._h3_comfy_services_under_test_{_copies}"
     spec = importlib.util.spec_from_file_location(name, SERVICES_DIR / "__init__.py",
                                                   submodule_search_locations=[str(SERVICES_DIR)])
     module = importlib.util.module_from_spec(spec)
