@@ -20,6 +20,7 @@ from comfyui_h3.backend.models.h3_ops import RowSegments, rms_norm
 from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.runtime import WeightPolicy
+from triton_interpreter import require_interpreter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,6 +133,7 @@ print(json.dumps(out))
 
 
 def test_triton_kernels_equal_the_reference_under_the_interpreter():
+    require_interpreter()
     pytest.importorskip("triton", reason="Triton is not installed: the fused kernels cannot be interpreted here")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)

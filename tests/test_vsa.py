@@ -19,6 +19,7 @@ from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.layout import ReferenceBlock, build_layout, build_reference_layout
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 from vsa_forward import assert_compiled_equals_eager
+from triton_interpreter import require_interpreter
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (prefix rows, latent grid (t, h, w)): no prefix, a long prefix over several blocks, edge tiles on every axis
@@ -150,6 +151,7 @@ def test_triton_kernel_interpreted_matches_the_rule():
     """The Triton kernel itself (masked edge tiles, prefix blocks, selected tiles, online softmax) on the CPU through
     Triton's interpreter. In fp16: the interpreter's bf16 tl.dot is broken (garbage even for a lone 16x16 dot, Triton
     3.8), so bf16 is covered by the GPU test below; the kernel is dtype-generic."""
+    require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     shapes = [(0, (4, 4, 4)), (70, (5, 6, 7)), (130, (3, 9, 4))]
     # an odd top-k leaves the last key block of a pair half empty; pairs=1 is the other launch setting
@@ -221,6 +223,7 @@ def test_tma_kernel_interpreted_matches_the_rule():
     CPU tensors (zero fill past the tensor, as TMA): both descriptor views, fused-QKV views (rows view) and
     heads-outermost tensors (4-D only), a batch of 2 (the rows view's blocks run into the next batch: masked), and
     the edge-tile store. fp16 for the interpreter's broken bf16 dot (see above); bf16 on the GPU test below."""
+    require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     cases = [((70, (5, 6, 7)), 3, "fused", "rows", "rows"), ((0, (4, 4, 4)), 2, "fused", "auto", "4d"),
              ((130, (3, 9, 4)), 3, "heads", "auto", "4d")]
@@ -261,6 +264,7 @@ _INTERPRETED_LOOPS = textwrap.dedent("""
 def test_tma_kernel_loop_forms_interpreted_match_the_rule():
     """The TMA kernel's other key loops (two blocks per iteration, look-ahead scores, conditional rescale) through
     Triton's interpreter, float32 output vs the float64 rule; bf16 on the GPU test below."""
+    require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     run = subprocess.run([sys.executable, "-c", _INTERPRETED_LOOPS], env=env, capture_output=True, text=True,
                          timeout=300)
@@ -468,6 +472,7 @@ def test_bench_dry_run():
 def test_bench_kernel_only_dry_run():
     """bench/vsa.py --kernel-only --tiny: the H200 kernel comparison's script path (the selection's parts, every
     variant timed with its error vs the pointer kernel) on the CPU through Triton's interpreter."""
+    require_interpreter()
     import json
 
     sys.path.insert(0, os.path.join(REPO, "bench"))

@@ -12,6 +12,7 @@ import torch
 
 from comfyui_h3.backend.attention.vsa_topk import (MAX_COLUMNS, topk_ascending, topk_ascending_torch,
                                                  triton_topk_supported)
+from triton_interpreter import require_interpreter
 
 try:
     import triton
@@ -44,6 +45,7 @@ _INTERPRETED = textwrap.dedent("""
 
 @pytest.mark.skipif(triton is None, reason="triton is not installed: the top-k kernel cannot be interpreted")
 def test_triton_topk_interpreted_matches_torch():
+    require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
     run = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
