@@ -74,7 +74,8 @@ try {
   });
 
   await setLoader("video", config.clip);
-  await page.waitForFunction(() => window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw").h3MaskEditor.frameCount > 1, null, WAIT);
+  // the clip's own length: the workflow's sample input (in the input folder too) has other frames, and may show first
+  await timelineIs(config.frames);
   await showsFrame(0);
   result.first = await page.evaluate(editorView);
 
