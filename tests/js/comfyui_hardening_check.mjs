@@ -136,9 +136,16 @@ async function templates({ pack }) {
   for (const { name } of cards) {
     if (!(await page.locator(`[data-testid="template-workflow-${name}"]`).isVisible())) await openPackTemplates(pack);
     const before = result.pageErrors.length;
-    await page.locator(`[data-testid="template-workflow-${name}"]`).click();
-    // the browser closes once the workflow is loaded; then give any error dialog or toast time to show
-    await page.waitForFunction(() => !document.querySelector("[data-testid^='template-workflow-']"), null, WAIT);
+    // the browser closes once the workflow is loaded; then give any error dialog or toast time to show. A click that
+    // lands while the list re-renders (a thumbnail arriving, on a loaded machine) is lost: click again, then say which
+    let closed = false;
+    for (let attempt = 0; attempt < 3 && !closed; attempt++) {
+      const card = page.locator(`[data-testid="template-workflow-${name}"]`);
+      if (await card.isVisible()) await card.click();
+      closed = await page.waitForFunction(() => !document.querySelector("[data-testid^='template-workflow-']"), null,
+        { timeout: 30000 }).then(() => true, () => false);
+    }
+    if (!closed) throw new Error(`the template browser stayed open after clicking the card ${name} (3 tries)`);
     await page.waitForTimeout(1500);
     opened[name] = { ...(await page.evaluate(graphView)), errors: result.pageErrors.slice(before) };
     if (opened[name].dialogs.length && config.screenshot) await page.screenshot({ path: config.screenshot.replace(/\.png$/, `-${name}.png`) }).catch(() => {});
@@ -256,6 +263,10 @@ async function editSummary({ workflow, steps }) {
     && e.offsetParent !== null && e.textContent.includes(text)), out.value.slice(0, 30));
   out.before = before;
   out.after = await settledBoxes();  // the text's widget must fit in the node's saved size: nothing moves or overlaps
+  // Save Video's player is built from the "executed" message, after the job ends: give it time on a loaded machine
+  // (a timeout leaves it to the judge)
+  await page.waitForFunction((f) => new Function(`return (${f})`)()().some((p) => p.type === "H3_SaveVideo"),
+    playerViews.toString(), { timeout: 30000 }).catch(() => {});
   out.players = await page.evaluate(playerViews);
   return out;
 }
