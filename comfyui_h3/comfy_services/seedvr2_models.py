@@ -33,7 +33,6 @@ SEEDVR2_SHARED_FOLDER_TYPES = {"dit": ("diffusion_models",), "vae": ("vae",)}
 SEEDVR2_SCAN_DEPTH = 3
 #: Folder names (lower case) of the popular SeedVR2 pack under custom_nodes (git clone / ComfyUI registry install).
 SEEDVR2_PACK_DIRS = ("comfyui-seedvr2_videoupscaler", "seedvr2_videoupscaler")
-TEXT_EMBEDDING_NAMES = ("pos_emb.safetensors", "pos_emb.pt")
 KINDS = {"dit": "DiT", "vae": "VAE"}
 
 __all__ = ["SEEDVR2_FOLDER_TYPE", "SeedVR2FileNotFound", "register_seedvr2_model_folder", "seedvr2_roots",
