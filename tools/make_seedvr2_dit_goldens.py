@@ -30,7 +30,7 @@ import sys
 import types
 
 from seedvr2_det import det_dit_weights, det_uniform  # noqa: E402 - tools/ is sys.path[0] for a script
-from seedvr2_official import official_checkout  # noqa: E402
+from seedvr2_official import official_checkout, write_golden  # noqa: E402
 
 TXT_DIM = 32
 # Tiny sizes per variant (everything else from the released config).
@@ -128,10 +128,27 @@ def _our_config(variant, kw, counts):
                 norm_eps=float(kw["norm_eps"]), **extra)
 
 
+def official_forward(net, vid, txt, timestep):
+    """The official DiT on one clip `vid` [t, H, W, C] (H, W: twice the latent grid) and its text `txt` [L, D], in
+    float32 throughout: its attention casts to bfloat16, which is made a no-op for the duration."""
+    import torch
+
+    t, height, width = vid.shape[:3]
+    patched = torch.Tensor.bfloat16
+    torch.Tensor.bfloat16 = lambda self, *a, **k: self  # keep the official attention in float32
+    try:
+        with torch.no_grad():
+            return net(
+                vid=vid.reshape(-1, vid.shape[-1]), txt=txt, vid_shape=torch.tensor([[t, height, width]]),
+                txt_shape=torch.tensor([[txt.shape[0]]]), timestep=torch.tensor([timestep]),
+            ).vid_sample
+    finally:
+        torch.Tensor.bfloat16 = patched
+
+
 def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_dit_3b.safetensors")
     import torch
-    from safetensors.torch import save_file
 
     _install_stubs(torch)
     out_dir = args.out.parent
@@ -173,16 +190,7 @@ def main() -> None:
             t, h, w = grid
             vid = det_uniform((t, 2 * h, 2 * w, kw["vid_in_channels"]), salt=10 * ci + 1)
             txt = det_uniform((txt_len, TXT_DIM), salt=10 * ci + 2)
-            patched = torch.Tensor.bfloat16
-            torch.Tensor.bfloat16 = lambda self, *a, **k: self  # keep the official attention in float32
-            try:
-                with torch.no_grad():
-                    out = net(
-                        vid=vid.reshape(-1, vid.shape[-1]), txt=txt, vid_shape=torch.tensor([[t, 2 * h, 2 * w]]),
-                        txt_shape=torch.tensor([[txt_len]]), timestep=torch.tensor([timestep]),
-                    ).vid_sample
-            finally:
-                torch.Tensor.bfloat16 = patched
+            out = official_forward(net, vid, txt, timestep)
             tensors[f"{ci}.out"] = out.reshape(t, 2 * h, 2 * w, -1).contiguous()
             cases.append({"grid": list(grid), "counts": list(counts), "txt_len": txt_len, "timestep": timestep,
                           "vid_sum": float(vid.double().sum()), "txt_sum": float(txt.double().sum())})
@@ -192,10 +200,7 @@ def main() -> None:
                     cases=json.dumps(cases), txt_dim=str(TXT_DIM),
                     weight_sums=json.dumps(sums))
         dest = out_dir / f"seedvr2_dit_{variant}.safetensors"
-        tmp = dest.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata=meta)
-        tmp.replace(dest)
-        print(f"wrote {dest} ({dest.stat().st_size} bytes, {len(CASES)} cases)")
+        write_golden(dest, tensors, meta, f", {len(CASES)} cases")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 
-from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _released_kwargs, _tiny_kwargs  # noqa: E402
+from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _released_kwargs, _tiny_kwargs, official_forward  # noqa: E402
 from seedvr2_det import det_dit_weights, det_uniform  # noqa: E402
-from seedvr2_official import official_checkout  # noqa: E402
+from seedvr2_official import official_checkout, write_golden  # noqa: E402
 
 # (token grid, window counts, text length, timestep); SALT picks the deterministic inputs (det_uniform).
 CASE = ((10, 6, 8), (4, 3, 3), 240, 1000.0)
@@ -27,7 +27,6 @@ SALT = 7
 def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_dit_rope_fp16.safetensors")
     import torch
-    from safetensors.torch import save_file
 
     _install_stubs(torch)
     grid, counts, txt_len, timestep = CASE
@@ -49,16 +48,7 @@ def main() -> None:
         t, h, w = grid
         vid = det_uniform((t, 2 * h, 2 * w, released["vid_in_channels"]), salt=10 * SALT + 1)
         txt = det_uniform((txt_len, TXT_DIM), salt=10 * SALT + 2)
-        patched = torch.Tensor.bfloat16
-        torch.Tensor.bfloat16 = lambda self, *a, **k: self  # keep the official attention in float32
-        try:
-            with torch.no_grad():
-                out = net(
-                    vid=vid.reshape(-1, vid.shape[-1]), txt=txt, vid_shape=torch.tensor([[t, 2 * h, 2 * w]]),
-                    txt_shape=torch.tensor([[txt_len]]), timestep=torch.tensor([timestep]),
-                ).vid_sample
-        finally:
-            torch.Tensor.bfloat16 = patched
+        out = official_forward(net, vid, txt, timestep)
         tensors[f"{variant}.out"] = out.reshape(t, 2 * h, 2 * w, -1).contiguous()
         tensors[f"{variant}.freqs"] = rounded.contiguous()
         print(variant, "out std", float(out.std()))
@@ -67,11 +57,7 @@ def main() -> None:
     meta = {"source": "github.com/ByteDance-Seed/SeedVR", "commit": commit,
             "made_by": "tools/make_seedvr2_dit_rope_fp16_goldens.py", "case": json.dumps(case),
             "weight_sums": json.dumps(sums)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    write_golden(args.out, tensors, meta)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import types
 from pathlib import Path
 
 from seedvr2_det import det_dit_weights, det_uniform, det_vae_weights  # noqa: E402 - tools/ is sys.path[0]
-from seedvr2_official import official_checkout  # noqa: E402
+from seedvr2_official import official_checkout, write_golden  # noqa: E402
 
 VARIANTS = ("3b", "7b")
 COUNTS = (4, 3, 3)
@@ -194,7 +194,6 @@ def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_e2e.safetensors")
     import torch
     from einops import rearrange
-    from safetensors.torch import save_file
 
     from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _our_config, _tiny_kwargs
 
@@ -272,11 +271,7 @@ def main() -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = args.out.with_suffix(".tmp")
-    save_file(tensors, str(tmp_out), metadata=meta)
-    tmp_out.replace(args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    write_golden(args.out, tensors, meta)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_official import official_checkout, write_golden  # noqa: E402 - tools/ is sys.path[0] for a script
 
 HEADS, HEAD_DIM, TXT_LEN = 2, 128, 6
 SHAPES_3B = [(2, 2, 3), (1, 3, 2), (2, 1, 1)]
@@ -25,7 +25,6 @@ SHAPES_7B = [(2, 3, 2), (1, 2, 3), (1, 1, 1)]
 def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_rope.safetensors")
     import torch
-    from safetensors.torch import save_file
 
     from common.cache import Cache
     from models.dit.rope import NaRotaryEmbedding3d
@@ -70,11 +69,7 @@ def main() -> None:
         "txt_len": str(TXT_LEN),
     }
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes)")
+    write_golden(args.out, tensors, meta)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_official import official_checkout, write_golden  # noqa: E402 - tools/ is sys.path[0] for a script
 
 YAML = "models/video_vae_v3/s8_c16_t4_inflation_sd3.yaml"
 TINY = {"block_out_channels": [8, 16, 24, 24], "norm_num_groups": 4}
@@ -65,7 +65,6 @@ def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_vae.safetensors")
     import torch
     from omegaconf import OmegaConf
-    from safetensors.torch import save_file
 
     from common.config import create_object
     from models.video_vae_v3.modules.attn_video_vae import VideoAutoencoderKL
@@ -117,10 +116,7 @@ def main() -> None:
 
     meta.update(tiny=json.dumps(TINY), encode=json.dumps(ENCODE), decode=json.dumps(DECODE),
                 torch=torch.__version__)
-    tmp = args.out.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes) and {keys_path} ({keys_doc['params']} parameters)")
+    write_golden(args.out, tensors, meta, f") and {keys_path} ({keys_doc['params']} parameters")
 
 
 if __name__ == "__main__":

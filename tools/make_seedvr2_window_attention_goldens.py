@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from seedvr2_official import official_checkout  # noqa: E402 - tools/ is sys.path[0] for a script
+from seedvr2_official import official_checkout, write_golden  # noqa: E402 - tools/ is sys.path[0] for a script
 
 HEADS, HEAD_DIM, TXT_LEN = 2, 8, 5
 # (grid (T, H, W), window counts): uneven edges in both schemes; equal regular windows vs 9 shifted shapes; the
@@ -81,7 +81,6 @@ def main() -> None:
     args, checkout, commit = official_checkout("seedvr2_window_attention.safetensors")
     import torch
     import torch.nn.functional as F
-    from safetensors.torch import save_file
 
     from models.dit_v2 import na
     from models.dit_v2.window import get_window_op
@@ -110,11 +109,7 @@ def main() -> None:
         "made_by": "tools/make_seedvr2_window_attention_goldens.py",
         "cases": json.dumps(meta_cases, separators=(",", ":")),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(args.out)
-    print(f"wrote {args.out} ({args.out.stat().st_size} bytes, {len(CASES)} grids)")
+    write_golden(args.out, tensors, meta, f", {len(CASES)} grids")
 
 
 if __name__ == "__main__":

@@ -28,3 +28,14 @@ def official_checkout(fixture: str, description: str | None = None) -> tuple[arg
         sys.exit(f"cannot tell the official commit of {checkout}: pass --commit <40 hex digits>")
     sys.path.insert(0, str(checkout))
     return args, checkout, commit
+
+
+def write_golden(dest: Path, tensors: dict, meta: dict, what: str = "") -> None:
+    """Write a golden safetensors file whole or not at all (a temporary beside it, then renamed), and say so."""
+    from safetensors.torch import save_file
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(dest)
+    print(f"wrote {dest} ({dest.stat().st_size} bytes{what})")
