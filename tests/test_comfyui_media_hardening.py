@@ -71,7 +71,7 @@ def _wait_running(comfy, prompt_id: str, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_stop_during_a_long_grow_returns_within_two_seconds(comfy):
+def test_stop_during_a_long_grow_returns_within_seconds(comfy):
     # 6 s held on a 240-fps grid: 1440 frames of 512x512, grown by 256 px (~10 s on a 2-core CPU with the O(r) grow;
     # 480 frames finished before the Stop landed).
     clip = "h3_long_grow_clip.mp4"

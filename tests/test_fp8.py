@@ -133,8 +133,8 @@ print(json.dumps(out))
 
 
 def test_triton_kernels_equal_the_reference_under_the_interpreter():
-    require_interpreter()
     pytest.importorskip("triton", reason="Triton is not installed: the fused kernels cannot be interpreted here")
+    require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", _INTERPRETED], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -106,8 +106,8 @@ def _drive(comfy, tmp_path, vue_nodes: bool, steps: int | None) -> dict:
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps({"Comfy.TutorialCompleted": True, "Comfy.VueNodes.Enabled": vue_nodes}))
     screenshot = tmp_path / "failure.png"
-    config = {"url": comfy.url, "workflow": str(WORKFLOW), "clip": CLIP, "frames": FRAMES, "frame": SCRUB_TO, "rect": RECT,
-              "grow": GROW, "steps": steps, "screenshot": str(screenshot)}
+    config = {"url": comfy.url, "workflow": str(WORKFLOW), "clip": CLIP, "frames": FRAMES, "frame": SCRUB_TO,
+              "rect": RECT, "grow": GROW, "steps": steps, "screenshot": str(screenshot)}
     run = run_script("comfyui_mask_draw_check.mjs", json.dumps(config), timeout=120)
     try:
         result = json.loads(run.stdout)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 
-from make_seedvr2_dit_goldens import TXT_DIM, _install_stubs, _released_kwargs, _tiny_kwargs, official_forward  # noqa: E402
+from make_seedvr2_dit_goldens import (TXT_DIM, _install_stubs, _released_kwargs, _tiny_kwargs,  # noqa: E402
+                                     official_forward)
 from seedvr2_det import det_dit_weights, det_uniform  # noqa: E402
 from seedvr2_official import official_checkout, write_golden  # noqa: E402
 
