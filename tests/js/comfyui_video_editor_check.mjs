@@ -121,8 +121,17 @@ try {
   await page.waitForFunction(() => window.app?.vueAppReady && window.app.graph && window.LiteGraph
     && window.app.extensions.some((e) => e.name === "comfyui_h3.TrackMaskEditor"), null, { timeout: 60000 });
   result.vueNodes = await page.evaluate(() => window.app.extensionManager.setting.get("Comfy.VueNodes.Enabled"));
-  result.built = await page.evaluate(buildGraph, config.clip);
-  await page.waitForFunction(() => window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw").h3MaskEditor.frameCount > 1, null, WAIT);
+  // On a loaded machine the frontend can still be restoring its start-up workflow, which replaces the graph built
+  // here: build it again when its Mask Draw is gone (at most twice), then wait for the clip's frames.
+  const editorReady = () => window.app.graph.nodes.find((n) => n.type === "H3_MaskDraw")?.h3MaskEditor?.frameCount > 1;
+  const graphGone = () => !window.app.graph.nodes.some((n) => n.type === "H3_MaskDraw");
+  for (let build = 0; build < 2; build++) {
+    result.built = await page.evaluate(buildGraph, config.clip);
+    await page.waitForFunction((f) => new Function(`return (${f[0]})() || (${f[1]})()`)(),
+      [editorReady.toString(), graphGone.toString()], WAIT);
+    if (!(await page.evaluate(graphGone))) break;
+  }
+  await page.waitForFunction(editorReady, null, WAIT);
   await page.waitForTimeout(300);  // let the renderer place the DOM widgets
   result.before = await page.evaluate(nodeState);
   await shot(`graph_${result.vueNodes ? "vue" : "classic"}.png`);
