@@ -21,14 +21,33 @@ knobs never change results beyond fp32 noise.
 
 from __future__ import annotations
 
+import os
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 DEFAULT_CHUNK_BYTES = 512 * 2**20
+# GroupNorm statistics and normalisation by the Triton kernels of vae_kernels.py on CUDA tensors (and on CPU ones
+# under TRITON_INTERPRET=1, for the tests): one read of the activation, the result written straight into the next
+# conv's padded input. False: the torch path below everywhere (the benchmarks' "before").
+NORM_KERNELS = True
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _norm_kernels_for(x: torch.Tensor) -> bool:
+    if not NORM_KERNELS or not (x.is_cuda or (_interpreting() and x.device.type == "cpu")):
+        return False
+    try:
+        from . import vae_kernels  # noqa: F401  (triton)
+    except ImportError:
+        return False
+    return True
 
 
 class CausalStream:
@@ -70,6 +89,13 @@ class FrameGroupNorm:
         self.norm, self.silu, self.dtype = norm, silu, x.dtype
         g = norm.num_groups
         cg = c // g
+        self.fused = _norm_kernels_for(x)
+        if self.fused:
+            from .vae_kernels import group_stats
+
+            self.mean, self.rstd = group_stats(x, g, norm.eps)
+            self.weight, self.bias = norm.weight.float().contiguous(), norm.bias.float().contiguous()
+            return
         self.mean = torch.empty(b, g, t, device=x.device, dtype=torch.float32)
         self.rstd = torch.empty_like(self.mean)
         group_frame = b * cg * h * w * 4  # fp32 bytes of one group of one frame
@@ -84,8 +110,19 @@ class FrameGroupNorm:
                 self.mean[:, g0:g1, t0:t1] = mean
                 self.rstd[:, g0:g1, t0:t1] = (var + norm.eps).rsqrt_()
 
-    def __call__(self, part: torch.Tensor, t0: int) -> torch.Tensor:
-        """Normalise ``part`` = x[:, :, t0:t0 + n, <any rows>, <any cols>] (all channels)."""
+    def __call__(self, part: torch.Tensor, t0: int, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Normalise ``part`` = x[:, :, t0:t0 + n, <any rows>, <any cols>] (all channels), into ``out`` (part's
+        shape, any strides) when given."""
+        if self.fused:
+            from .vae_kernels import norm_apply
+
+            if out is None:
+                out = torch.empty(part.shape, device=part.device, dtype=self.dtype)
+            return norm_apply(part, t0, self.mean, self.rstd, self.weight, self.bias, self.silu, out)
+        y = self._torch(part, t0)
+        return y if out is None else out.copy_(y)
+
+    def _torch(self, part: torch.Tensor, t0: int) -> torch.Tensor:
         b, c, n, h, w = part.shape
         g = self.norm.num_groups
         shape = (b, g, 1, n, 1)
@@ -96,10 +133,10 @@ class FrameGroupNorm:
             y = F.silu(y, inplace=True)
         return y.to(self.dtype)
 
-    @staticmethod
-    def bytes_per_element(x: torch.Tensor) -> int:
-        """Temporary bytes per input element while normalising a piece (fp32 work copy, result, cast)."""
-        return 8 + x.element_size()
+    def bytes_per_element(self, x: torch.Tensor) -> int:
+        """Temporary bytes per input element while normalising a piece into a given buffer (torch: fp32 work copy,
+        result, cast; the kernels: none)."""
+        return 0 if self.fused else 8 + x.element_size()
 
 
 def group_norm(norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool = False) -> torch.Tensor:
@@ -112,7 +149,7 @@ def group_norm(norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool
     frames = _count(t, chunk_bytes // (row * h)) if rows == h else 1
     for t0 in range(0, t, frames):
         for r0 in range(0, h, rows):
-            out[:, :, t0:t0 + frames, r0:r0 + rows] = fn(x[:, :, t0:t0 + frames, r0:r0 + rows], t0)
+            fn(x[:, :, t0:t0 + frames, r0:r0 + rows], t0, out[:, :, t0:t0 + frames, r0:r0 + rows])
     return out
 
 
@@ -169,17 +206,12 @@ class CausalConv3d(nn.Conv3d):
         lo, hi = r0 * sh - top, (r1 - 1) * sh + kh - top  # input rows, may reach into the padding
         a, z = max(lo, 0), min(hi, h)
         pad_top, pad_bottom = a - lo, hi - z
-        pieces = src.pieces(0, src.length, a, z)
-        if len(pieces) == 1 and not (pad_top or pad_bottom or left or right):
-            return pieces[0]
+        if src.nh == 0 and src.pre is None and not (pad_top or pad_bottom or left or right):
+            return x[:, :, :, a:z]  # the input itself: no copy
         buf = x.new_empty(b, c, src.length, hi - lo, w + left + right)
         for sl in (buf[:, :, :, :pad_top], buf[:, :, :, hi - lo - pad_bottom:], buf[..., :left], buf[..., w + left:]):
             sl.zero_()
-        inner = buf[:, :, :, pad_top:pad_top + z - a, left:left + w]
-        t = 0
-        for p in pieces:
-            inner[:, :, t:t + p.shape[2]].copy_(p)
-            t += p.shape[2]
+        src.write(buf[:, :, :, pad_top:pad_top + z - a, left:left + w], 0, src.length, a, z)
         return buf
 
 
@@ -194,22 +226,29 @@ class TimeExtended:
     def bytes_per_element(self) -> int:
         return self.x.element_size() + (self.pre.bytes_per_element(self.x) if self.pre else 0)
 
-    def _x(self, t0: int, t1: int, a: int, z: int) -> torch.Tensor:
+    def _x_into(self, t0: int, t1: int, a: int, z: int, dst: torch.Tensor) -> None:
         part = self.x[:, :, t0:t1, a:z]
-        return self.pre(part, t0) if self.pre is not None else part
+        if self.pre is not None:
+            self.pre(part, t0, dst)
+        else:
+            dst.copy_(part)
 
-    def pieces(self, p0: int, p1: int, a: int, z: int) -> List[torch.Tensor]:
-        """Frames [p0, p1) of the extended input, rows [a, z), as a list of pieces along time."""
-        out = []
+    def write(self, dst: torch.Tensor, p0: int, p1: int, a: int, z: int) -> None:
+        """Write frames [p0, p1) of the extended input, rows [a, z), into dst [B, C, p1 - p0, z - a, W] (any
+        strides): the head frames (carried, or frame 0 normalised once and copied), then x's frames."""
+        t = 0
         if p0 < self.nh:
             n = min(p1, self.nh) - p0
             if self.head is not None:
-                out.append(self.head[:, :, p0:p0 + n, a:z])
+                dst[:, :, :n].copy_(self.head[:, :, p0:p0 + n, a:z])
             else:
-                out.append(self._x(0, 1, a, z).expand(-1, -1, n, -1, -1))
+                self._x_into(0, 1, a, z, dst[:, :, :1])
+                if n > 1:
+                    dst[:, :, 1:n].copy_(dst[:, :, :1].expand(-1, -1, n - 1, -1, -1))
+            t = n
         if p1 > self.nh:
-            out.append(self._x(max(p0, self.nh) - self.nh, p1 - self.nh, a, z))
-        return out
+            t0 = max(p0, self.nh) - self.nh
+            self._x_into(t0, p1 - self.nh, a, z, dst[:, :, t:])
 
     def gather(self, p0: int, p1: int, chunk_bytes: int) -> torch.Tensor:
         """Frames [p0, p1) as one new tensor (never a view that would keep x alive), built in row bands."""
@@ -217,10 +256,8 @@ class TimeExtended:
         out = self.x.new_empty(b, c, p1 - p0, h, w)
         rows = _count(h, chunk_bytes // max(b * c * (p1 - p0) * w * self.bytes_per_element(), 1))
         for a in range(0, h, rows):
-            t = 0
-            for p in self.pieces(p0, p1, a, min(h, a + rows)):
-                out[:, :, t:t + p.shape[2], a:a + rows] = p
-                t += p.shape[2]
+            z = min(h, a + rows)
+            self.write(out[:, :, :, a:z], p0, p1, a, z)
         return out
 
 

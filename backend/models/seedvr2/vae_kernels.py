@@ -1,0 +1,127 @@
+"""Triton kernels of the SeedVR2 VAE's per-frame GroupNorm: the statistics in one read of the activation, and the
+normalisation (+ SiLU) in one read and one write, straight into the buffer the next conv reads (its zero-padded,
+time-extended input), so no fp32 copy of an activation is ever made.
+
+The torch path in vae_ops.py (``FrameGroupNorm``) is the reference: per (batch, group, frame) fp32 mean and
+1 / sqrt(var + eps) (population variance), then ``((x - mean) * rstd) * weight + bias`` in fp32, SiLU, one rounding
+to the output dtype. The kernels compute the same formula in fp32; they differ from it only by summation order in the
+statistics and by fused multiply-adds (tests/test_seedvr2_vae_kernels.py bounds both).
+
+Contracts: x / part / out are 5-D [B, C, T, H, W] tensors of any strides (views of bands and of padded buffers);
+mean and rstd are fp32 [B, G, T_all], contiguous; weight and bias fp32 [C]. Offsets are int64 (a decoder activation
+of one slice is 128 x 6 x 1536 x 2688 = 3.2e9 elements).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+STATS_BLOCK = 2048
+APPLY_BLOCK = 1024
+STATS_SPLITS_MAX = 64  # programs per (batch, group, frame): enough to fill the GPU for a handful of frames
+
+
+@triton.jit
+def _stats_partial(x_ptr, part_ptr, C, T, H, W, G, s_b, s_c, s_t, s_h, s_w, per_split,
+                   BLOCK: tl.constexpr):
+    # One program: a run of `per_split` elements of one (batch, group, frame); writes its (count, mean, M2), each
+    # block's moments merged into the running ones by Chan's rule (no large-sum cancellation).
+    bgt = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1).to(tl.int64)
+    t = bgt % T
+    g = (bgt // T) % G
+    b = bgt // (T * G)
+    cg = C // G
+    hw = H * W
+    total = cg * hw
+    start = split * per_split
+    stop = tl.minimum(start + per_split, total)
+    base = x_ptr + b * s_b + g * cg * s_c + t * s_t
+    n_acc = 0.0
+    mean_acc = 0.0
+    m2_acc = 0.0
+    for i0 in range(start, stop, BLOCK):
+        offs = i0 + tl.arange(0, BLOCK).to(tl.int64)
+        mask = offs < stop
+        c = offs // hw
+        p = offs % hw
+        ptr = base + c * s_c + (p // W) * s_h + (p % W) * s_w
+        v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+        n_b = tl.sum(mask.to(tl.float32), axis=0)
+        mean_b = tl.sum(v, axis=0) / n_b
+        d = tl.where(mask, v - mean_b, 0.0)
+        m2_b = tl.sum(d * d, axis=0)
+        n_new = n_acc + n_b
+        delta = mean_b - mean_acc
+        mean_acc = mean_acc + delta * (n_b / n_new)
+        m2_acc = m2_acc + m2_b + delta * delta * (n_acc * n_b / n_new)
+        n_acc = n_new
+    out = part_ptr + (bgt * tl.num_programs(1) + split) * 3
+    tl.store(out, n_acc)
+    tl.store(out + 1, mean_acc)
+    tl.store(out + 2, m2_acc)
+
+
+def group_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, group, frame) fp32 mean and 1 / sqrt(var + eps) of x [B, C, T, H, W] (population variance)."""
+    b, c, t, h, w = x.shape
+    total = (c // groups) * h * w
+    splits = max(1, min(STATS_SPLITS_MAX, triton.cdiv(total, 8 * STATS_BLOCK)))
+    per_split = triton.cdiv(triton.cdiv(total, splits), STATS_BLOCK) * STATS_BLOCK
+    splits = triton.cdiv(total, per_split)
+    part = torch.empty((b * groups * t, splits, 3), device=x.device, dtype=torch.float32)
+    _stats_partial[(b * groups * t, splits)](x, part, c, t, h, w, groups, *x.stride(), per_split,
+                                              BLOCK=STATS_BLOCK, num_warps=8)
+    # Chan's rule across the splits, in float64 (a few numbers per (b, g, t)).
+    n, mean, m2 = part.double().unbind(-1)
+    count = n.sum(1)
+    grand = (n * mean).sum(1) / count
+    m2 = (m2 + n * (mean - grand[:, None]) ** 2).sum(1)
+    var = m2 / count
+    mean_out = grand.float().view(b, groups, t)
+    rstd = (var + eps).rsqrt().float().view(b, groups, t)
+    return mean_out, rstd
+
+
+@triton.jit
+def _norm_apply(x_ptr, out_ptr, mean_ptr, rstd_ptr, w_ptr, bias_ptr, C, N, H, W, G, T_all, t0,
+                sx_b, sx_c, sx_t, sx_h, sx_w, so_b, so_c, so_t, so_h, so_w,
+                SILU: tl.constexpr, BLOCK: tl.constexpr):
+    bcn = tl.program_id(1).to(tl.int64)
+    n = bcn % N
+    c = (bcn // N) % C
+    b = bcn // (N * C)
+    g = c // (C // G)
+    stat = (b * G + g) * T_all + t0 + n
+    mean = tl.load(mean_ptr + stat)
+    rstd = tl.load(rstd_ptr + stat)
+    weight = tl.load(w_ptr + c)
+    bias = tl.load(bias_ptr + c)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mask = offs < H * W
+    r = offs // W
+    q = offs % W
+    v = tl.load(x_ptr + b * sx_b + c * sx_c + n * sx_t + r * sx_h + q * sx_w, mask=mask, other=0.0).to(tl.float32)
+    y = ((v - mean) * rstd) * weight + bias
+    if SILU:
+        y = y * tl.sigmoid(y)
+    tl.store(out_ptr + b * so_b + c * so_c + n * so_t + r * so_h + q * so_w, y.to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def norm_apply(part: torch.Tensor, t0: int, mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
+               bias: torch.Tensor, silu: bool, out: torch.Tensor) -> torch.Tensor:
+    """out[...] = GroupNorm(+SiLU) of part = x[:, :, t0:t0 + n, rows, cols] with x's statistics (mean / rstd
+    [B, G, T_all]); out has part's shape, any strides and dtype. Returns out."""
+    b, c, n, h, w = part.shape
+    if out.shape != part.shape:
+        raise ValueError(f"norm_apply: out {tuple(out.shape)} is not part's shape {tuple(part.shape)}")
+    if part.numel() == 0:
+        return out
+    groups, t_all = mean.shape[1], mean.shape[2]
+    grid = (triton.cdiv(h * w, APPLY_BLOCK), b * c * n)  # pixel blocks first: the grid's 2nd axis stops at 65535
+    _norm_apply[grid](part, out, mean, rstd, weight, bias, c, n, h, w, groups, t_all, t0, *part.stride(),
+                      *out.stride(), SILU=silu, BLOCK=APPLY_BLOCK, num_warps=4)
+    return out
