@@ -13,6 +13,7 @@ import torch
 
 from comfyui_h3.backend.pipelines.h3 import clip_graph
 from comfyui_h3.backend.pipelines.h3.clip_graph import GraphedClipDecode, clip_decoder
+from comfyui_h3.backend.pipelines.h3.tile_batch import decode_clip_tiles_batched
 
 
 class FakeGraph:
@@ -90,8 +91,9 @@ def test_clip_decoder_graphs_on_request_and_on_cuda_devices_only(tiny_h3_dir):
 
     vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
     assert clip_decoder(vae, "cpu", cuda_graphs=True) == vae._decode_clip
-    assert isinstance(clip_decoder(vae, "cuda:0", cuda_graphs=True), GraphedClipDecode)
-    assert clip_decoder(vae, "cuda:0") == vae._decode_clip  # off by default: a decode to host is faster eager
+    graphed = clip_decoder(vae, "cuda:0", cuda_graphs=True)
+    assert isinstance(graphed, GraphedClipDecode) and graphed.decode.func is decode_clip_tiles_batched
+    assert not isinstance(clip_decoder(vae, "cuda:0"), GraphedClipDecode)  # off by default
 
 
 def test_the_decode_uses_the_graphed_clips_and_frees_them(tiny_h3_dir, fake_graphs, monkeypatch):
@@ -106,7 +108,7 @@ def test_the_decode_uses_the_graphed_clips_and_frees_them(tiny_h3_dir, fake_grap
     vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
     inner = vae._decode_clip
     monkeypatch.setattr(decode_module, "clip_decoder",  # graphs on the CPU: the stand-in's
-                        lambda vae, device, cuda_graphs: GraphedClipDecode(vae._decode_clip) if cuda_graphs
+                        lambda vae, device, cuda_graphs, batch_tiles: GraphedClipDecode(vae._decode_clip) if cuda_graphs
                         else vae._decode_clip)
 
     def recordable(z):  # the real clip decode, recorded as a graph records it

@@ -100,12 +100,13 @@ def test_frozen_worker_is_a_node_error_within_the_bound_and_the_next_prompt_runs
     assert worker not in comfy.workers()
 
 
-def test_sigterm_ends_comfyui_its_workers_and_forkserver_within_seconds_leaking_nothing(tmp_path):
+def test_sigterm_ends_comfyui_then_its_workers_and_forkserver_at_once_leaking_nothing(tmp_path):
     """Issue 28 #10: SIGTERM (a service manager's stop) to a ComfyUI that ran an H3 prompt: ComfyUI ends by the signal
-    as before, soon nothing it started is left (the workers, the forkserver), and the resource tracker reports no
-    leaked semaphore. The bound counts ComfyUI's own interpreter shutdown too: under 2 s on a quiet machine (the 2-s
-    rule on our side is tests/test_worker_start.py's), 2.1 s seen with the four lane jobs and the suite on two cores,
-    so the lane allows 4 s."""
+    as before, nothing it started (the workers, the forkserver) outlives it by more than a moment, and the resource
+    tracker reports no leaked semaphore. The defect was a worker lingering ~20 s after the server. The bound is
+    relative to ComfyUI's own exit, whose interpreter shutdown is not ours and stretches with the machine's load
+    (4.3 s seen with four lane jobs and the suite on two cores); the absolute 2-s rule for our side is
+    tests/test_worker_start.py's, on a process that does nothing else."""
     import psutil
 
     with running_comfyui(tmp_path) as server:
@@ -113,17 +114,24 @@ def test_sigterm_ends_comfyui_its_workers_and_forkserver_within_seconds_leaking_
         assert done["status"]["status_str"] == "success", server.why(str(done["status"]))
         started = [p for p in psutil.Process(server.proc.pid).children(recursive=True)]
         assert server.workers(), server.why("no worker ran the prompt")
-        sent = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
-        server.proc.wait(30)
-        assert server.proc.returncode == -signal.SIGTERM, server.why(f"exit {server.proc.returncode}")
 
         def left():
             return [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
-        while left() and time.monotonic() - sent < 30:
-            time.sleep(0.05)
-        waited = time.monotonic() - sent
-        assert not left() and waited < 4.0, server.why(f"processes {left()} were there {waited:.1f} s after SIGTERM")
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        exited = gone = None
+        while (exited is None or gone is None) and time.monotonic() - sent < 60:
+            now = time.monotonic() - sent
+            if exited is None and server.proc.poll() is not None:
+                exited = now
+            if gone is None and not left():
+                gone = now
+            time.sleep(0.02)
+        assert exited is not None, server.why("ComfyUI still runs 60 s after SIGTERM")
+        assert server.proc.returncode == -signal.SIGTERM, server.why(f"exit {server.proc.returncode}")
+        assert gone is not None, server.why(f"processes {left()} still run 60 s after SIGTERM")
+        assert gone <= exited + 2.0, server.why(f"ComfyUI ended {exited:.1f} s after SIGTERM, the processes it "
+                                                f"started only after {gone:.1f} s")
         time.sleep(1.0)  # the resource tracker writes its report when its pipe closes
         assert "leaked semaphore" not in server.log(), server.why("semaphores leaked")

@@ -19,10 +19,13 @@ of the decode with a warning; nothing is lost. The graph's private memory pool h
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable
 
 import torch
+
+from .tile_batch import decode_clip_tiles_batched
 
 
 class GraphedClipDecode:
@@ -93,8 +96,12 @@ def capture_graph(fn, static_in: torch.Tensor):
     return graph, static_out
 
 
-def clip_decoder(vae, device, cuda_graphs: bool = False):
-    """What decodes one clip: `vae._decode_clip` replayed from a CUDA graph when `cuda_graphs` and `device` is a CUDA
-    device, else `vae._decode_clip` itself. Call `.release()` on a GraphedClipDecode when the decode ends."""
-    use = cuda_graphs and torch.device(device).type == "cuda"
-    return GraphedClipDecode(vae._decode_clip) if use else vae._decode_clip
+def clip_decoder(vae, device, cuda_graphs: bool = False, batch_tiles: bool | None = None):
+    """What decodes one clip [1, 24, t, h, w] -> [1, 3, t', H, W]: the clip's spatial tiles in one batch
+    (tile_batch.py; `batch_tiles`, by default on CUDA devices, where the tile-by-tile decode is launch-bound) or
+    `vae._decode_clip` tile by tile (the CPU's default: bit for bit the reference), replayed from a CUDA graph when
+    `cuda_graphs` and `device` is a CUDA device. Call `.release()` on a GraphedClipDecode when the decode ends."""
+    cuda = torch.device(device).type == "cuda"
+    batched = cuda if batch_tiles is None else batch_tiles
+    decode = functools.partial(decode_clip_tiles_batched, vae) if batched else vae._decode_clip
+    return GraphedClipDecode(decode) if cuda_graphs and cuda else decode

@@ -32,9 +32,11 @@ def _stopped(should_stop) -> bool:
 
 @torch.no_grad()
 def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelContext = SINGLE, should_stop=None,
-                      cuda_graphs: bool = False):
+                      cuda_graphs: bool = False, batch_tiles: bool | None = None):
     """Normalised latents [1, 24, T, h, w] -> uint8 frame chunks [t, H, W, 3] on `device`, one per temporal clip,
-    yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit.
+    yielded as soon as each clip is final. Concatenated they equal `decode_video` bit for bit when each clip's tiles
+    are decoded one by one (the CPU's default), and up to float summation order when they are batched
+    (`batch_tiles`, by default on CUDA: clip_graph.clip_decoder, tile_batch.py).
 
     The released VAE decodes clip by clip and cross-fades neighbours (vae_clips.py); a clip's frames are final once
     the next clip's head has been blended into its tail, so each chunk can go to the encoder while the next clip
@@ -53,7 +55,7 @@ def iter_decode_video(vae, latents: torch.Tensor, device, parallel: ParallelCont
     if not can_stream_decode(vae) or latents.shape[0] != 1:
         yield decode_video(vae, latents, device)
         return
-    decode_clip = clip_decoder(vae, device, cuda_graphs)
+    decode_clip = clip_decoder(vae, device, cuda_graphs, batch_tiles)
     try:
         if not parallel.is_parallel:
             decoder = StreamingVideoDecoder(vae, device, total_latents=latents.shape[2], decode_clip=decode_clip)

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from .clip_graph import clip_decoder
 from .normalization import denormalize_latents
 from .vae_clips import ClipAssembler, can_stream_decode, clip_input_latents, clip_schedule, clip_window, pad_tail, \
     vae_pixels
@@ -28,11 +29,12 @@ class StreamingVideoDecoder:
     """push(latents [1, 24, t, h, w], normalised) -> uint8 chunks [t', H, W, 3] on `device` that are final;
     finish() -> the rest. All chunks concatenated equal decode.decode_video of all pushed latents, bit for bit.
     `total_latents`, when known up front, lets it hold back only the padded tail it will cut (else the most a tail
-    can be: (size - 1) * ratio frames). `decode_clip`: what decodes one clip (default `vae._decode_clip`)."""
+    can be: (size - 1) * ratio frames). `decode_clip`: what decodes one clip (default clip_graph.clip_decoder's for
+    `device`); bit for bit holds for the tile-by-tile `vae._decode_clip` (the CPU's default)."""
 
     def __init__(self, vae, device, total_latents: int | None = None, decode_clip=None):
         self.vae, self.device = vae, device
-        self.decode_clip = decode_clip or vae._decode_clip  # [1, 24, t, h, w] -> one clip (clip_graph.py: graphed)
+        self.decode_clip = decode_clip or clip_decoder(vae, device)  # [1, 24, t, h, w] -> one clip
         self.streaming = can_stream_decode(vae)
         self.total = 0  # latents pushed so far
         self._z = None  # denormalised latents from global index self._base on
