@@ -276,6 +276,9 @@ def compare(record: dict, work: str, dtype: str) -> bool:
 
 
 def peer_commit(peer_dir: str):
+    """The checkout's commit; None for a tree with no .git of its own (git would answer for an enclosing repo)."""
+    if not os.path.exists(os.path.join(peer_dir, ".git")):
+        return None
     found = subprocess.run(["git", "-C", peer_dir, "rev-parse", "HEAD"], capture_output=True, text=True)
     return found.stdout.strip() if found.returncode == 0 else None
 

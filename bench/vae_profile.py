@@ -7,6 +7,7 @@ that change the speed (the norm kernels on / off, cuDNN autotuning, the band siz
     python bench/vae_profile.py seedvr2 --variants torch,kernels --frames 9
     python bench/vae_profile.py h3 --seconds 10         # 243 frames at 1344x768: tile by tile (eager, graphs)
                                                         # vs a clip's tiles in one batch (batched, batched_graphs)
+                                                        # and its blocks compiled (batched_compiled; last)
     python bench/vae_profile.py seedvr2 --tiny --device cpu   # seconds-long smoke run of the script itself
     python bench/vae_profile.py seedvr2 --frames 9 --height 768 --width 1344 --variants torch,kernels --check-fp32
                                                         # each variant's error against float32 math (TF32 off), and
@@ -234,6 +235,12 @@ def h3(args, device) -> None:
     torch.manual_seed(0)
     with torch.device(device):
         vae = AutoencoderKLMiniMaxH3(**config)
+    # diffusers initialises the blocks' layer scales to zero: every block would add nothing, and a comparison of
+    # decoders would only see proj_in / proj_out. Drawn like trained ones are sized, so every block counts.
+    g = torch.Generator(device=device).manual_seed(2)
+    for block in vae.decoder.transformer_blocks:
+        for scale in (block.scale1, block.scale2):
+            scale.data.copy_(torch.randn(scale.shape, generator=g, device=device) * 0.1)
     vae = vae.to(dtype).eval().requires_grad_(False)
     frames = frames_for_seconds(args.seconds)
     g = torch.Generator(device=device).manual_seed(0)
@@ -244,6 +251,9 @@ def h3(args, device) -> None:
         graphs = name.endswith("graphs")
         batched = name.startswith("batched")
         autotune = "autotune" in name
+        if "compiled" in name:  # from here on: compiling is one-way, so compiled variants go last
+            from comfyui_h3.backend.pipelines.h3.components import compile_vae_decoder
+            compile_vae_decoder(vae)
         torch.backends.cudnn.benchmark = autotune
 
         def decode():
@@ -269,7 +279,10 @@ def h3(args, device) -> None:
         else:
             record["vs"] = first[0]
             record["uint8_equal"] = bool(torch.equal(out.cpu(), first[1]))
-            record["max_level_diff"] = int((out.cpu().int() - first[1].int()).abs().max())
+            diff = (out.cpu().int() - first[1].int()).abs()
+            record["max_level_diff"] = int(diff.max())
+            record["mean_level_diff"] = round(float(diff.float().mean()), 5)
+            record["share_of_values_differing"] = round(float((diff > 0).float().mean()), 5)
         emit(args, record)
     torch.backends.cudnn.benchmark = False
 
@@ -298,7 +311,7 @@ def main() -> None:
     else:
         args.height = args.height or (64 if args.tiny else 768)
         args.width = args.width or (96 if args.tiny else 1344)
-        args.variants = args.variants or "eager,graphs,batched,batched_graphs"
+        args.variants = args.variants or "eager,graphs,batched,batched_graphs,batched_compiled"
         h3(args, device)
 
 

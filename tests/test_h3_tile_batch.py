@@ -92,3 +92,25 @@ def test_batched_tiles_on_the_gpu_stay_within_bf16_rounding(vae):
     with torch.no_grad():
         want, got = vae._decode_clip(z).float(), decode_clip_tiles_batched(vae, z).float()
     assert ((got - want).norm() / want.norm()) < 2e-2
+
+
+def test_the_compiled_decoder_blocks_equal_eager(tiny_h3_dir):
+    """The engine compiles the VAE's ViT blocks with the DiT's (components.compile_vae_decoder, on CUDA by default):
+    the batched-tile decode through the compiled blocks computes what the eager one does (float32, Inductor on the
+    CPU here)."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from comfyui_h3.backend.pipelines.h3.components import compile_vae_decoder
+
+    def load():
+        vae = AutoencoderKLMiniMaxH3.from_pretrained(tiny_h3_dir / "vae").eval()
+        vae.enable_tiling(32, 32, 16, 16)
+        return vae
+
+    eager, compiled = load(), load()
+    compile_vae_decoder(compiled)
+    assert all(getattr(b, "_compiled_call_impl", None) is not None for b in compiled.decoder.transformer_blocks)
+    z = _clip(eager, 6).float()
+    with torch.no_grad():
+        want, got = decode_clip_tiles_batched(eager, z), decode_clip_tiles_batched(compiled, z)
+    assert ((got - want).norm() / want.norm()) <= 1e-5

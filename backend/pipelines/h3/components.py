@@ -196,6 +196,8 @@ class H3Components:
                                                    TEXT_LAYER) if "text_encoder" in files
                           else load_text_encoder(f / "text_encoder", options.dtype))
         self._place("vae", self.vae.eval().requires_grad_(False))
+        if options.compile_blocks:
+            compile_vae_decoder(self.vae)
         self._place("audio_vae", self.audio_vae.eval().requires_grad_(False))
         self.text = None
         if text_model is not None:
@@ -364,8 +366,23 @@ def compile_blocks(dit: H3Transformer, backend: str | Callable = "inductor") -> 
     A compile failure falls back to eager instead of failing the request: dynamo's `suppress_errors`, set only while
     one of these blocks runs (dynamo reads it when a call compiles), so ComfyUI's and other packs' compiles keep
     their own setting."""
+    compile_each_block(dit.transformer_blocks, backend)
+
+
+def compile_vae_decoder(vae, backend: str | Callable = "inductor") -> None:
+    """The video VAE's ViT decoder blocks compiled like the DiT's (one graph for all 36): Inductor fuses the float32
+    RMSNorms, the q/k norms and rotary, SwiGLU and the scaled residual adds, which cost more than the GEMMs in the
+    batched-tile decode (docs/BENCHMARKS.md, "H3 video decode"). Equal to the eager decoder up to float rounding of
+    the fused passes. A VAE without those blocks is left as it is."""
+    blocks = getattr(getattr(vae, "decoder", None), "transformer_blocks", None)
+    if blocks is not None:
+        compile_each_block(blocks, backend)
+
+
+def compile_each_block(blocks, backend: str | Callable = "inductor") -> None:
+    """torch.nn.Module.compile on each block, falling back to eager on a compile failure (compile_blocks)."""
     options = block_compile_options(backend)
-    for block in dit.transformer_blocks:
+    for block in blocks:
         # torch.nn.Module.compile: the compiled call lives in _compiled_call_impl
         block.compile(backend=backend, options=options)
         compiled = getattr(block, "_compiled_call_impl", None)

@@ -14,7 +14,7 @@ from ...engine_config import DTYPES, EngineConfig
 class H3Options:
     model_dir: str
     vae_dtype: str = "float32"
-    compile: str = "auto"  # torch.compile each DiT block: "auto" (on CUDA), "on", "off"
+    compile: str = "auto"  # torch.compile each DiT block and the video VAE decoder's: "auto" (on CUDA), "on", "off"
     reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
     student: str | None = None  # a FastH3 adapter file fused into transformer/ at load (models/fasth3.py)
     files: tuple = ()  # sorted (component, path) pairs: ComfyUI native single files replacing the folder's weights
