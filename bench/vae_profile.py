@@ -73,6 +73,18 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def timed_min(fn, device, iters: int):
+    """(the fastest of `iters` synchronised calls of fn in s, the last call's result)."""
+    best, out = float("inf"), None
+    for _ in range(iters):
+        sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
 def profile_kinds(fn, device) -> tuple[dict, list]:
     """Device time per kind (s) over one call of fn, and the 12 largest kernels."""
     from torch.profiler import ProfilerActivity, profile
@@ -160,14 +172,7 @@ def seedvr2(args, device) -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            times = []
-            for _ in range(args.iters):
-                sync(device)
-                t0 = time.perf_counter()
-                out = fn()
-                sync(device)
-                times.append(time.perf_counter() - t0)
-            wall = min(times)
+            wall, out = timed_min(fn, device, args.iters)
             outs[stage] = out
             entry = {"s": round(wall, 3), "conv_calls": flops[1], "conv_tflop": round(flops[0] / 1e12, 2),
                      "tflops_whole": round(flops[0] / wall / 1e12, 1)}
@@ -262,15 +267,9 @@ def h3(args, device) -> None:
                                                           batch_tiles=batched)))
 
         decode()  # warm-up (graph capture, autotuning)
-        times = []
-        for _ in range(args.iters):
-            sync(device)
-            t0 = time.perf_counter()
-            out = decode()
-            sync(device)
-            times.append(time.perf_counter() - t0)
+        wall, out = timed_min(decode, device, args.iters)
         record = {"model": "h3_vae_decode", "variant": name, "frames": int(out.shape[0]),
-                  "size": [args.height, args.width], "dtype": str(dtype), "s": round(min(times), 3),
+                  "size": [args.height, args.width], "dtype": str(dtype), "s": round(wall, 3),
                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
         if args.profile and name in args.profile.split(","):
             record["kinds_s"], record["top"] = profile_kinds(decode, device)
