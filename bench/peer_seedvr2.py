@@ -117,7 +117,7 @@ def weights_config(path: str) -> dict:
 
 def build_ours(args, state: dict, device: torch.device, dtype: torch.dtype):
     sys.path.insert(0, REPO)
-    from comfyui_h3.backend.models.seedvr2 import vae_ops
+    from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops
     from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE
     from comfyui_h3.backend.models.seedvr2.vae_config import VAEConfig
 
@@ -130,6 +130,7 @@ def build_ours(args, state: dict, device: torch.device, dtype: torch.dtype):
     used = ((vae.encode, "slice_frames"), (vae.decode, "slice_latents"), (vae.encode, "chunk_bytes"))
     settings = {name: inspect.signature(fn).parameters[name].default for fn, name in used}
     settings["norm_kernels"] = vae_ops.NORM_KERNELS and device.type == "cuda"  # the CPU takes the torch path
+    settings["channels_last"] = vae_layout.channels_last_for(torch.empty(0, device=device))
     return vae.encode, vae.decode, settings
 
 

@@ -1,10 +1,12 @@
 """Where the VAEs' time goes: the SeedVR2 VAE's encode and decode, and H3's video decode, at released sizes with
 random bf16 weights; kernels grouped by what they do (conv, GEMM, attention, our norm kernels, the torch norm path's
 reductions and elementwise passes, copies / fills), the convs' FLOPs and effective TFLOP/s, and variants of the knobs
-that change the speed (the norm kernels on / off, cuDNN autotuning, the band size), each checked against the first.
+that change the speed (the norm kernels on / off, the activations' layout, cuDNN autotuning, the band size), each
+checked against the first.
 
     python bench/vae_profile.py seedvr2                 # 21 frames 2688x1536 (a 1344x768 clip at x2), 6 latents
     python bench/vae_profile.py seedvr2 --variants torch,kernels --frames 9
+    python bench/vae_profile.py seedvr2 --variants kernels,kernels_cl --profile kernels_cl
     python bench/vae_profile.py h3 --seconds 10         # 243 frames at 1344x768: tile by tile (eager, graphs)
                                                         # vs a clip's tiles in one batch (batched, batched_graphs)
                                                         # and its blocks compiled (batched_compiled; last)
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from comfyui_h3.backend.models.seedvr2 import vae_ops  # noqa: E402
+from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops  # noqa: E402
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE  # noqa: E402
 from comfyui_h3.backend.models.seedvr2.vae_config import VAEConfig  # noqa: E402
 
@@ -125,13 +127,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ---- SeedVR2 --------------------------------------------------------------------------------------------------------
 
-SEEDVR2_VARIANTS = {
-    # name: (norm kernels, cudnn.benchmark, chunk_bytes)
-    "torch": (False, False, vae_ops.DEFAULT_CHUNK_BYTES),  # the path before the kernels
-    "kernels": (True, False, vae_ops.DEFAULT_CHUNK_BYTES),
-    "kernels_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES),
-    "kernels_chunk2g": (True, False, 2 * 2**30),
-    "kernels_chunk8g": (True, False, 8 * 2**30),
+SEEDVR2_VARIANTS = {  # name -> (norm kernels, cuDNN autotuning, band bytes, channels_last_3d activations)
+    "torch": (False, False, vae_ops.DEFAULT_CHUNK_BYTES, False),  # the path before the kernels
+    "kernels": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, False),
+    "kernels_cl": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True),  # the CUDA default now
+    "kernels_cl_chunk2g": (True, False, 2 * 2**30, True),
+    "kernels_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, False),
+    "kernels_chunk2g": (True, False, 2 * 2**30, False),
+    "kernels_chunk8g": (True, False, 8 * 2**30, False),
 }
 
 
@@ -148,8 +151,9 @@ def seedvr2(args, device) -> None:
     first = None
     kept = {}
     for name in args.variants.split(","):
-        kernels, autotune, chunk = SEEDVR2_VARIANTS[name]
+        kernels, autotune, chunk, cl = SEEDVR2_VARIANTS[name]
         vae_ops.NORM_KERNELS = kernels
+        vae_layout.CHANNELS_LAST = cl
         torch.backends.cudnn.benchmark = autotune
 
         def encode():
@@ -195,6 +199,7 @@ def seedvr2(args, device) -> None:
         del outs
         emit(args, record)
     vae_ops.NORM_KERNELS = True
+    vae_layout.CHANNELS_LAST = "auto"
     torch.backends.cudnn.benchmark = False
     if args.check_fp32:
         check_against_fp32(args, vae, video, z, kept)
@@ -208,8 +213,9 @@ def check_against_fp32(args, vae, video, z, kept: dict) -> None:
     vae32, video32, z32 = vae.float(), video.float(), z.float()
     reference = {}
     try:
-        for kernels in (False, True):
+        for kernels in (False, True):  # NCDHW, then the CUDA default (kernels, channels_last_3d)
             vae_ops.NORM_KERNELS = kernels
+            vae_layout.CHANNELS_LAST = "auto" if kernels else False
             outs = {"encode": vae32.encode(video32)[0].cpu(), "decode": vae32.decode(z32).cpu()}
             if not kernels:
                 reference = outs
@@ -221,6 +227,7 @@ def check_against_fp32(args, vae, video, z, kept: dict) -> None:
         emit(args, record)
     finally:
         vae_ops.NORM_KERNELS = True
+        vae_layout.CHANNELS_LAST = "auto"
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
 
 

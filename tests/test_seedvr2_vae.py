@@ -1,6 +1,7 @@
 """SeedVR2 video VAE vs the official video_vae_v3 (fixtures made by tools/make_seedvr2_vae_goldens.py): released
 key list and parameter count, tiny-model encode/decode goldens (fp32 rel <= 1e-5), causal time slicing equal to the
-whole pass, and the memory pieces (row bands, group chunks, query chunks, depth-to-space bands) equal to whole ops."""
+whole pass, the memory pieces (row bands, group chunks, query chunks, depth-to-space bands) equal to whole ops, and
+a channels_last_3d pass equal to the goldens."""
 
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from comfyui_h3.backend.models.seedvr2 import vae_ops
+from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops
 from comfyui_h3.backend.models.seedvr2.vae import (
     LATENT_SCALE,
     LATENT_SHIFT,
@@ -226,7 +227,8 @@ def test_frame_attention_equals_one_softmax(fused, monkeypatch):
 
 @pytest.mark.parametrize("r,drop", [(1, False), (2, False), (2, True)])
 @pytest.mark.parametrize("budget", [10**9, 1])
-def test_depth_to_space_channel_order(r, drop, budget):
+@pytest.mark.parametrize("layout", ["ncdhw", "channels_last"])
+def test_depth_to_space_channel_order(r, drop, budget, layout):
     """out[c, f*r + z, h*2 + x, w*2 + y] = conv(in)[((x*2 + y)*r + z)*C + c, f, h, w], frame 1 dropped if asked."""
     gen = torch.Generator().manual_seed(r)
     c, t, h, w = 3, 2, 3, 4
@@ -241,9 +243,41 @@ def test_depth_to_space_channel_order(r, drop, budget):
                     want[ci, zi::r, xi::2, yi::2] = u[((xi * 2 + yi) * r + zi) * c + ci]
     if drop:
         want = torch.cat([want[:, :1], want[:, 2:]], 1)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
     with torch.no_grad():
-        got = vae_ops.depth_to_space(conv, x, 2, r, drop, budget)[0]
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        got = vae_ops.depth_to_space(conv, x, 2, r, drop, budget)
+    assert vae_layout.is_channels_last(got) == (layout == "channels_last")  # written in the layout it read
+    torch.testing.assert_close(got[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_channels_last_pass_stays_channels_last_and_equals_the_goldens(vae, monkeypatch):
+    """On CUDA a pass runs in channels_last_3d end to end. The CPU's conv returns NCDHW for a channels-last input,
+    so here the conv is made to answer as cuDNN does (channels-last in, channels-last out); every conv of the pass
+    must then see a channels-last input (the 3-channel video and 16-channel latents are entered so) and the
+    results equal the official goldens, in time slices and row bands."""
+    seen = []
+    conv3d = F.conv3d
+
+    def cudnn_like(x, weight, *args, **kwargs):
+        seen.append(vae_layout.is_channels_last(x))
+        y = conv3d(x, weight, *args, **kwargs)
+        return y.contiguous(memory_format=torch.channels_last_3d) if seen[-1] else y
+
+    monkeypatch.setattr(vae_layout, "CHANNELS_LAST", True)
+    monkeypatch.setattr(vae_ops.F, "conv3d", cudnn_like)
+    try:
+        mean, logvar = vae.encode(T["enc.2.x"].float(), chunk_bytes=1 << 16)
+        assert rel(mean, T["enc.2.sliced.mean"]) <= TOL and rel(logvar, T["enc.2.sliced.logvar"]) <= TOL
+        assert mean.is_contiguous() and logvar.is_contiguous()  # the latents leave in the callers' layout
+        assert vae.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last_3d)
+        out = vae.decode(T["dec.3.z"].float(), chunk_bytes=1 << 16)
+        assert rel(out, T["dec.3.sliced.out"]) <= TOL and out.is_contiguous()
+        assert seen and all(seen), f"{seen.count(False)} of {len(seen)} convs read NCDHW"
+    finally:
+        monkeypatch.undo()
+        vae.decode(T["dec.0.z"].float())  # back to NCDHW weights for the module's other tests
+    assert vae.encoder.conv_in.weight.is_contiguous()
 
 
 def test_bad_inputs_are_refused_with_the_shape(vae):

@@ -33,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from .vae_config import VAEConfig
+from .vae_layout import channels_last_for
 from .vae_ops import DEFAULT_CHUNK_BYTES, CausalConv3d, CausalStream, FrameAttention, FrameGroupNorm, depth_to_space
 
 LATENT_SCALE = 0.9152  # the official configs' vae.scaling_factor
@@ -202,6 +203,16 @@ class SeedVR2VAE(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.encoder.conv_in.weight.dtype
 
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:
+        """x in the parameters' dtype and in the pass's layout (vae_layout.py), the conv weights moved to it once."""
+        x = x.to(self._dtype())
+        cl = channels_last_for(x)
+        fmt = torch.channels_last_3d if cl else torch.contiguous_format
+        if getattr(self, "_weights_channels_last", False) != cl:
+            self.to(memory_format=fmt)
+            self._weights_channels_last = cl
+        return x.contiguous(memory_format=fmt)
+
     @torch.no_grad()
     def encode(self, video: torch.Tensor, slice_frames: Optional[int] = 4, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                check: Optional[Callable[[], None]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -217,8 +228,8 @@ class SeedVR2VAE(nn.Module):
                              f"got {tuple(video.shape)}")
         if slice_frames is not None and (slice_frames <= 0 or slice_frames % tf):
             raise ValueError(f"slice_frames must be a positive multiple of {tf} (or None), got {slice_frames}")
-        x = video.to(self._dtype())
-        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes, check)), 2)
+        x = self._enter(video)
+        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes, check)), 2).contiguous()
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(*LOGVAR_RANGE)
 
@@ -238,7 +249,7 @@ class SeedVR2VAE(nn.Module):
         s, tf = cfg.spatial_factor, cfg.temporal_factor
         out = None
         pos = 0
-        for y in _run_sliced(self.decoder, z.to(self._dtype()), slice_latents, chunk_bytes, check):
+        for y in _run_sliced(self.decoder, self._enter(z), slice_latents, chunk_bytes, check):
             if out is None:
                 out = y.new_empty(b, cfg.out_channels, tf * (t - 1) + 1, h * s, w * s)
             out[:, :, pos:pos + y.shape[2]] = y

@@ -17,6 +17,9 @@ knobs never change results beyond fp32 noise.
   GroupNorm kernel also runs one block per (frame, group): slow on large frames.)
 - The mid-block attention is per frame over its h*w tokens, one frame at a time, on SDPA's fused kernels (no score
   matrix); where none applies, the math kernel runs on query chunks whose scores fit ``chunk_bytes``.
+- Layout: every op here takes any strides and allocates what it writes in the layout of what it reads
+  (vae_layout.py), so a pass entered in ``channels_last_3d`` (the VAE does so on CUDA)
+  stays in it end to end: cuDNN then runs its NDHWC kernels without transposing each conv's input and output.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Dict, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .vae_layout import empty_like_layout
 
 DEFAULT_CHUNK_BYTES = 512 * 2**20
 # GroupNorm statistics and normalisation by the Triton kernels of vae_kernels.py on CUDA tensors (and on CPU ones
@@ -117,10 +122,12 @@ class FrameGroupNorm:
             from .vae_kernels import norm_apply
 
             if out is None:
-                out = torch.empty(part.shape, device=part.device, dtype=self.dtype)
+                out = empty_like_layout(part, part.shape, self.dtype)
             return norm_apply(part, t0, self.mean, self.rstd, self.weight, self.bias, self.silu, out)
         y = self._torch(part, t0)
-        return y if out is None else out.copy_(y)
+        if out is None:
+            out = empty_like_layout(part, part.shape, self.dtype)
+        return out.copy_(y)
 
     def _torch(self, part: torch.Tensor, t0: int) -> torch.Tensor:
         b, c, n, h, w = part.shape
@@ -191,7 +198,7 @@ class CausalConv3d(nn.Conv3d):
         rows = _count(h_out, (chunk_bytes // max(per_row, 1) - kh) // sh + 1)
         if rows >= h_out:
             return F.conv3d(self._padded(src, 0, h_out), self.weight, self.bias, self.stride)
-        out = x.new_empty(b, self.out_channels, t_out, h_out, w_out)
+        out = empty_like_layout(x, (b, self.out_channels, t_out, h_out, w_out))
         for r0 in range(0, h_out, rows):
             r1 = min(h_out, r0 + rows)
             out[:, :, :, r0:r1] = F.conv3d(self._padded(src, r0, r1), self.weight, self.bias, self.stride)
@@ -208,7 +215,7 @@ class CausalConv3d(nn.Conv3d):
         pad_top, pad_bottom = a - lo, hi - z
         if src.nh == 0 and src.pre is None and not (pad_top or pad_bottom or left or right):
             return x[:, :, :, a:z]  # the input itself: no copy
-        buf = x.new_empty(b, c, src.length, hi - lo, w + left + right)
+        buf = empty_like_layout(x, (b, c, src.length, hi - lo, w + left + right))
         for sl in (buf[:, :, :, :pad_top], buf[:, :, :, hi - lo - pad_bottom:], buf[..., :left], buf[..., w + left:]):
             sl.zero_()
         src.write(buf[:, :, :, pad_top:pad_top + z - a, left:left + w], 0, src.length, a, z)
@@ -253,7 +260,7 @@ class TimeExtended:
     def gather(self, p0: int, p1: int, chunk_bytes: int) -> torch.Tensor:
         """Frames [p0, p1) as one new tensor (never a view that would keep x alive), built in row bands."""
         b, c, _, h, w = self.x.shape
-        out = self.x.new_empty(b, c, p1 - p0, h, w)
+        out = empty_like_layout(self.x, (b, c, p1 - p0, h, w))
         rows = _count(h, chunk_bytes // max(b * c * (p1 - p0) * w * self.bytes_per_element(), 1))
         for a in range(0, h, rows):
             z = min(h, a + rows)
@@ -319,17 +326,19 @@ def depth_to_space(conv: nn.Conv3d, x: torch.Tensor, s: int, r: int, drop_first_
     the first slice of a temporal upsample). Done one input frame and a band of rows at a time."""
     b, c, t, h, w = x.shape
     t_out = t * r - (1 if drop_first_dup else 0)
-    out = x.new_empty(b, c, t_out, h * s, w * s)
-    rows = _count(h, chunk_bytes // max(2 * b * c * s * s * r * w * x.element_size(), 1))
+    out = empty_like_layout(x, (b, c, t_out, h * s, w * s))
+    rows = _count(h, chunk_bytes // max(b * c * s * s * r * w * x.element_size(), 1))
     for f in range(t):
         for r0 in range(0, h, rows):
             r1 = min(h, r0 + rows)
-            u = F.conv3d(x[:, :, f:f + 1, r0:r1], conv.weight, conv.bias)
-            u = u.view(b, s, s, r, c, r1 - r0, w).permute(0, 4, 3, 5, 1, 6, 2).reshape(b, c, r, (r1 - r0) * s, w * s)
+            # [b, x, y, z, c, rows, w]: splitting a dimension is a view in any layout, so each output frame is one
+            # strided copy (channels stay the fastest index on both sides in channels_last_3d)
+            u = F.conv3d(x[:, :, f:f + 1, r0:r1], conv.weight, conv.bias)[:, :, 0].unflatten(1, (s, s, r, c))
             for z in range(r):
                 k = f * r + z
                 if drop_first_dup and k == 1:
                     continue
                 k -= 1 if drop_first_dup and k > 1 else 0
-                out[:, :, k, r0 * s:r1 * s] = u[:, :, z]
+                dst = out[:, :, k, r0 * s:r1 * s].unflatten(2, (r1 - r0, s)).unflatten(4, (w, s))  # [b,c,rows,x,w,y]
+                dst.copy_(u[:, :, :, z].permute(0, 3, 4, 1, 5, 2))
     return out
