@@ -185,6 +185,31 @@ def test_small_chunks_equal_whole_ops_and_bound_every_conv_input(vae, monkeypatc
     assert max(seen) <= budget and len(seen) > 3 * 80  # many more calls than convs: banded
 
 
+def test_conv_outputs_are_banded_below_the_element_limit(vae, monkeypatch):
+    """A conv whose input fits the budget but whose output would pass cuDNN's 32-bit element count (the 3 -> C
+    input conv at full size) runs in row bands too; the result is unchanged."""
+    x = T[f"enc.{_longest(ENCODE)}.x"].float()
+    outs = []
+    real_conv3d = F.conv3d
+
+    def conv3d(inp, *a, **k):
+        y = real_conv3d(inp, *a, **k)
+        outs.append(y.numel())
+        return y
+
+    monkeypatch.setattr(vae_ops.F, "conv3d", conv3d)
+    whole = vae.encode(x)
+    calls, biggest = len(outs), max(outs)
+    limit = biggest * 2 // 3  # below the input conv's whole-slice output (8 channels x 5 frames x 16 x 24)
+    outs.clear()
+    monkeypatch.setattr(vae_ops, "MAX_CONV_ELEMENTS", limit)
+    banded = vae.encode(x)
+    monkeypatch.undo()
+    assert max(outs) <= limit and len(outs) > calls
+    for a, b in zip(banded, whole):
+        assert rel(a, b) <= TOL
+
+
 def test_group_norm_chunks_equal_torch_group_norm():
     gen = torch.Generator().manual_seed(3)
     norm = torch.nn.GroupNorm(8, 32, eps=1e-6)

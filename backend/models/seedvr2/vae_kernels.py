@@ -75,7 +75,10 @@ def _stats_partial(x_ptr, part_ptr, C, T, H, W, G, s_b, s_c, s_t, s_h, s_w, per_
 def _stats_partial_cl(x_ptr, part_ptr, C, T, H, W, s_b, s_c, s_t, s_h, s_w, per_split,
                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
     # One program: a run of `per_split` pixels of one (batch, frame), all channels at once; writes each channel's
-    # (count, mean, M2) over its pixels, blocks merged by Chan's rule as in _stats_partial.
+    # (count, mean, M2) over its pixels. Each thread keeps running sums of (x - K) and (x - K)^2 over its own lanes
+    # (no reduction inside the loop, so the loop runs at memory speed), K = the channel's value at the run's first
+    # pixel: with the data shifted by a value of the data, the sum of squares does not cancel (a mean 300x the
+    # spread keeps the variance; tests/test_seedvr2_vae_kernels.py).
     bt = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)
     t = bt % T
@@ -85,29 +88,25 @@ def _stats_partial_cl(x_ptr, part_ptr, C, T, H, W, s_b, s_c, s_t, s_h, s_w, per_
     stop = tl.minimum(start + per_split, hw)
     ch = tl.arange(0, BLOCK_C).to(tl.int64)
     ch_ok = ch < C
-    base = x_ptr + b * s_b + t * s_t
-    n_acc = 0.0
-    mean_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    m2_acc = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    base = x_ptr + b * s_b + t * s_t + ch[None, :] * s_c
+    shift = tl.load(base + (start // W) * s_h + (start % W) * s_w, mask=ch_ok[None, :], other=0.0).to(tl.float32)
+    s1 = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    s2 = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     for p0 in range(start, stop, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P).to(tl.int64)
-        p_ok = p < stop
-        mask = p_ok[:, None] & ch_ok[None, :]
-        ptr = base + (p // W)[:, None] * s_h + (p % W)[:, None] * s_w + ch[None, :] * s_c
-        v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-        n_b = tl.sum(p_ok.to(tl.float32), axis=0)
-        mean_b = tl.sum(v, axis=0) / n_b
-        d = tl.where(mask, v - mean_b[None, :], 0.0)
-        m2_b = tl.sum(d * d, axis=0)
-        n_new = n_acc + n_b
-        delta = mean_b - mean_acc
-        mean_acc = mean_acc + delta * (n_b / n_new)
-        m2_acc = m2_acc + m2_b + delta * delta * (n_acc * n_b / n_new)
-        n_acc = n_new
+        mask = (p < stop)[:, None] & ch_ok[None, :]
+        v = tl.load(base + (p // W)[:, None] * s_h + (p % W)[:, None] * s_w, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, v - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    n = (stop - start).to(tl.float32)
+    t1 = tl.sum(s1, axis=0)
+    m2 = tl.maximum(tl.sum(s2, axis=0) - t1 * t1 / n, 0.0)
+    mean = tl.sum(shift, axis=0) + t1 / n
     out = part_ptr + ((bt * tl.num_programs(1) + split) * C + ch) * 3
-    tl.store(out, tl.zeros((BLOCK_C,), dtype=tl.float32) + n_acc, mask=ch_ok)
-    tl.store(out + 1, mean_acc, mask=ch_ok)
-    tl.store(out + 2, m2_acc, mask=ch_ok)
+    tl.store(out, tl.zeros((BLOCK_C,), dtype=tl.float32) + n, mask=ch_ok)
+    tl.store(out + 1, mean, mask=ch_ok)
+    tl.store(out + 2, m2, mask=ch_ok)
 
 
 def _tile(c: int) -> tuple[int, int]:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from .vae_layout import empty_like_layout
 
 DEFAULT_CHUNK_BYTES = 512 * 2**20
+MAX_CONV_ELEMENTS = 2**31 - 1  # per conv call, input and output (cuDNN's 32-bit-indexed kernels)
 # GroupNorm statistics and normalisation by the Triton kernels of vae_kernels.py on CUDA tensors (and on CPU ones
 # under TRITON_INTERPRET=1, for the tests): one read of the activation, the result written straight into the next
 # conv's padded input. False: the torch path below everywhere (the benchmarks' "before").
@@ -193,9 +194,12 @@ class CausalConv3d(nn.Conv3d):
         top, bottom, left, right = self.spatial_pad
         h_out = (h + top + bottom - kh) // sh + 1
         w_out = (w + left + right - self.kernel_size[2]) // self.stride[2] + 1
-        # output rows per band: its padded input ((rows - 1) * sh + kh rows) and temporaries fit chunk_bytes
+        # output rows per band: its padded input ((rows - 1) * sh + kh rows) and temporaries fit chunk_bytes, and
+        # its output stays below 2**31 elements (past that cuDNN falls back to a direct kernel ~10x slower: the
+        # 3 -> 128 input conv of a 5-frame 2688x1536 slice is 2.6e9 elements out of 0.09e9 in)
         per_row = b * c * src.length * (w + left + right) * src.bytes_per_element()
-        rows = _count(h_out, (chunk_bytes // max(per_row, 1) - kh) // sh + 1)
+        rows = _count(h_out, min((chunk_bytes // max(per_row, 1) - kh) // sh + 1,
+                                 MAX_CONV_ELEMENTS // max(b * self.out_channels * t_out * w_out, 1)))
         if rows >= h_out:
             return F.conv3d(self._padded(src, 0, h_out), self.weight, self.bias, self.stride)
         out = empty_like_layout(x, (b, self.out_channels, t_out, h_out, w_out))
