@@ -131,6 +131,9 @@ def build_ours(args, state: dict, device: torch.device, dtype: torch.dtype):
     settings = {name: inspect.signature(fn).parameters[name].default for fn, name in used}
     settings["norm_kernels"] = vae_ops.NORM_KERNELS and device.type == "cuda"  # the CPU takes the torch path
     settings["channels_last"] = vae_layout.channels_last_for(torch.empty(0, device=device))
+    settings["gemm_attention"] = vae_ops._gemm_attention_for(torch.empty((1, 1, 1, 512), device=device, dtype=dtype))
+    settings["band_writes_in_place"] = vae_ops._writes_frames_in_place(
+        torch.empty((1, 2, 1, 1, 1), device=device, dtype=dtype, memory_format=torch.channels_last_3d))
     return vae.encode, vae.decode, settings
 
 

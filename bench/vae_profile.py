@@ -39,7 +39,7 @@ from comfyui_h3.backend.models.seedvr2.vae_config import VAEConfig  # noqa: E402
 # Kernel names -> what they do. Order matters: the first pattern that matches names the kind.
 KINDS = [
     ("norm_kernels", re.compile(r"_stats_partial|_norm_apply")),
-    ("attention", re.compile(r"fmha|flash|attention|efficient_attn|sdpa", re.I)),
+    ("attention", re.compile(r"fmha|flash|attention|efficient_attn|sdpa|softmax_rows", re.I)),  # GEMMs: "gemm"
     ("conv", re.compile(r"conv|fprop|dgrad|implicit|xmma|cudnn|winograd|nhwc|ndhwc|nchw", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|matmul", re.I)),
     ("copy_fill", re.compile(r"copy|memcpy|memset|fill|cat|pad", re.I)),
@@ -54,20 +54,32 @@ def kind_of(name: str) -> str:
 
 @contextmanager
 def counting_conv_flops(counter: list):
-    """F.conv3d counted: 2 * output elements * (input channels per group x kernel volume) per call."""
-    real = F.conv3d
+    """Convs counted, F.conv3d's and the VAE's in-place band writes (vae_ops.conv_into): 2 * output elements *
+    (input channels per group x kernel volume) per call."""
+    real, real_into = F.conv3d, vae_ops.conv_into
+    inside = []  # conv_into's CPU form calls F.conv3d: counted once
 
     def conv3d(x, weight, *args, **kwargs):
         out = real(x, weight, *args, **kwargs)
-        counter[0] += 2 * out.numel() * weight[0].numel()
-        counter[1] += 1
+        if not inside:
+            counter[0] += 2 * out.numel() * weight[0].numel()
+            counter[1] += 1
         return out
 
-    F.conv3d = conv3d
+    def conv_into(x, weight, stride, out):
+        inside.append(1)
+        try:
+            real_into(x, weight, stride, out)
+        finally:
+            inside.pop()
+        counter[0] += 2 * out.numel() * weight[0].numel()
+        counter[1] += 1
+
+    F.conv3d, vae_ops.conv_into = conv3d, conv_into
     try:
         yield
     finally:
-        F.conv3d = real
+        F.conv3d, vae_ops.conv_into = real, real_into
 
 
 def sync(device):
@@ -127,14 +139,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ---- SeedVR2 --------------------------------------------------------------------------------------------------------
 
-SEEDVR2_VARIANTS = {  # name -> (norm kernels, cuDNN autotuning, band bytes, channels_last_3d activations)
-    "torch": (False, False, vae_ops.DEFAULT_CHUNK_BYTES, False),  # the path before the kernels
-    "kernels": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, False),
-    "kernels_cl": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True),  # the CUDA default now
-    "kernels_cl_chunk2g": (True, False, 2 * 2**30, True),
-    "kernels_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, False),
-    "kernels_chunk2g": (True, False, 2 * 2**30, False),
-    "kernels_chunk8g": (True, False, 8 * 2**30, False),
+SEEDVR2_VARIANTS = {  # name -> (norm kernels, cuDNN autotuning, band bytes, channels_last_3d, in-place band writes,
+    #                          the mid block's attention as GEMMs around the softmax kernel, the row-copy kernel)
+    "torch": (False, False, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),  # before the kernels
+    "kernels": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),
+    "kernels_cl_copied": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, False, False, False),  # bands copied
+    "kernels_cl_sdpa": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, False, False),  # SDPA attention
+    "kernels_cl_torch_copies": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, False),
+    "kernels_cl": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, True),  # the CUDA default now
+    "kernels_cl_chunk2g": (True, False, 2 * 2**30, True, True, True, True),
+    "kernels_cl_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, True),
+    "kernels_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),
+    "kernels_chunk2g": (True, False, 2 * 2**30, False, False, False, False),
+    "kernels_chunk8g": (True, False, 8 * 2**30, False, False, False, False),
 }
 
 
@@ -151,8 +168,9 @@ def seedvr2(args, device) -> None:
     first = None
     kept = {}
     for name in args.variants.split(","):
-        kernels, autotune, chunk, cl = SEEDVR2_VARIANTS[name]
-        vae_ops.NORM_KERNELS = kernels
+        kernels, autotune, chunk, cl, direct, gemm_attention, row_copies = SEEDVR2_VARIANTS[name]
+        vae_ops.NORM_KERNELS, vae_ops.DIRECT_BAND_WRITES, vae_ops.GEMM_ATTENTION = kernels, direct, gemm_attention
+        vae_ops.ROW_COPIES = row_copies
         vae_layout.CHANNELS_LAST = cl
         torch.backends.cudnn.benchmark = autotune
 
@@ -198,7 +216,7 @@ def seedvr2(args, device) -> None:
             kept[name] = {k: v.cpu() for k, v in outs.items()}
         del outs
         emit(args, record)
-    vae_ops.NORM_KERNELS = True
+    vae_ops.NORM_KERNELS = vae_ops.DIRECT_BAND_WRITES = vae_ops.GEMM_ATTENTION = vae_ops.ROW_COPIES = True
     vae_layout.CHANNELS_LAST = "auto"
     torch.backends.cudnn.benchmark = False
     if args.check_fp32:

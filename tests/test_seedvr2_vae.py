@@ -305,6 +305,39 @@ def test_a_channels_last_pass_stays_channels_last_and_equals_the_goldens(vae, mo
     assert vae.encoder.conv_in.weight.is_contiguous()
 
 
+def test_banded_convs_write_their_frames_in_place_and_equal_the_goldens(vae, monkeypatch):
+    """The CUDA form of a banded channels-last conv writes each output frame's rows straight into the output
+    (conv_into, cuDNN's out= call). Run here with the CPU's conv behind conv_into: every call gets a contiguous
+    channels-last window of the padded band and a contiguous channels-last view into the one output, and the pass
+    (time slices, row bands, strided convs, biases added once) still equals the official goldens."""
+    calls = []
+    real = vae_ops.conv_into
+
+    def recording(x, weight, stride, out):
+        fmt = torch.channels_last_3d
+        calls.append((x.is_contiguous(memory_format=fmt), out.is_contiguous(memory_format=fmt),
+                      out._base is not None, out.shape[2]))
+        real(x, weight, stride, out)
+
+    monkeypatch.setattr(vae_layout, "CHANNELS_LAST", True)
+    monkeypatch.setattr(vae_ops, "DIRECT_BAND_WRITES", "everywhere")
+    monkeypatch.setattr(vae_ops, "conv_into", recording)
+    conv3d = F.conv3d
+    monkeypatch.setattr(vae_ops.F, "conv3d", lambda x, w, *a, **k: (
+        conv3d(x, w, *a, **k).contiguous(memory_format=torch.channels_last_3d)
+        if vae_layout.is_channels_last(x) else conv3d(x, w, *a, **k)))  # cuDNN's layout (see the test above)
+    try:
+        mean, logvar = vae.encode(T["enc.2.x"].float(), chunk_bytes=1 << 16)
+        assert rel(mean, T["enc.2.sliced.mean"]) <= TOL and rel(logvar, T["enc.2.sliced.logvar"]) <= TOL
+        out = vae.decode(T["dec.3.z"].float(), chunk_bytes=1 << 16)
+        assert rel(out, T["dec.3.sliced.out"]) <= TOL
+    finally:
+        monkeypatch.undo()
+        vae.decode(T["dec.0.z"].float())  # back to NCDHW weights for the module's other tests
+    assert len(calls) > 100, "the budget should band many convs"
+    assert all(c[0] and c[1] and c[2] and c[3] == 1 for c in calls), "a window or a target that cuDNN would copy"
+
+
 def test_bad_inputs_are_refused_with_the_shape(vae):
     with pytest.raises(ValueError, match=r"4n\+1 frames.*\(1, 3, 4, 16, 16\)"):
         vae.encode(torch.zeros(1, 3, 4, 16, 16))

@@ -129,3 +129,90 @@ def test_tiny_vae_with_the_kernels_equals_the_official_goldens():
         assert rel(out, T["dec.0.out"]) <= 1e-5, rel(out, T["dec.0.out"])
         print("ok")
     """)
+
+
+def test_the_softmax_kernel_and_the_gemm_attention_equal_float64():
+    """softmax_rows against a float64 softmax (rows longer than a block, a row of one large score, padding lanes);
+    the mid block's GEMM attention (bf16 q, k, v with a 512-wide head, query chunks) against float64 attention of
+    the same bf16 inputs (a flash kernel's rounding: the probabilities in bf16), and the FrameAttention module on that path against
+    its SDPA path."""
+    _interpreted("""
+        import torch
+        from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_ops
+        torch.manual_seed(0)
+        vae_kernels.SOFTMAX_BLOCK = 64  # several blocks per row, a ragged last block
+        s = torch.randn(5, 150) * 4
+        s[2, 7] = 80.0  # one score dwarfs the rest: exp stays finite, the row is one-hot
+        got = vae_kernels.softmax_rows(s, 0.5, torch.float32)
+        want = torch.softmax(s.double() * 0.5, -1)
+        assert (got.double() - want).abs().max() <= 1e-6 and got[2, 7] > 0.999999
+        assert vae_kernels.softmax_rows(s[:, :3], 1.0, torch.float32).sum(-1).sub(1).abs().max() <= 1e-6
+        low = vae_kernels.softmax_rows(s, 0.5, torch.bfloat16)
+        assert low.dtype == torch.bfloat16 and (low.double() - want).abs().max() <= 4e-3
+
+        n, d = 70, 512
+        q, k, v = (torch.randn(1, 1, n, d).bfloat16() for _ in range(3))
+        ref = torch.softmax(q.double() @ k.double().transpose(-1, -2) / d ** 0.5, -1) @ v.double()
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        vae_ops.GEMM_ATTENTION = "everywhere"
+        assert vae_ops._gemm_attention_for(q) and not vae_ops._gemm_attention_for(q.float())
+        att = vae_ops._gemm_attention(q, k, v, chunk_bytes=6 * n * 16)  # 16 queries a chunk
+        rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()
+        # a flash kernel's numerics: fp32 scores, bf16 probabilities, fp32 accumulation, one rounding of the output
+        flash_like = torch.softmax(q.double() @ k.double().transpose(-1, -2) / d ** 0.5, -1).bfloat16().double()
+        assert att.dtype == torch.bfloat16 and rel(att, flash_like @ v.double()) <= 3e-3
+        assert rel(att, ref) <= 2 * rel(sdpa, ref) + 1e-3, (rel(att, ref), rel(sdpa, ref))  # CPU SDPA: fp32 P
+
+        block = vae_ops.FrameAttention(d, 32, 1e-6).bfloat16()
+        x = torch.randn(1, d, 2, 5, 7).bfloat16()
+        fast = block(x, 1 << 20)
+        vae_ops.GEMM_ATTENTION = False
+        slow = block(x, 1 << 20)
+        assert rel(fast, slow.double()) <= 1e-2, rel(fast, slow.double())
+        print("ok")
+    """)
+
+
+def test_row_copies_equal_torch_copies_and_the_decode_keeps_the_goldens():
+    """copy_rows on the views the VAE copies (a band's interior of a padded buffer, rows of carried frames, an
+    expanded frame 0, a 3-channel input) equals torch's copy_, refuses views whose rows are not runs, and a
+    channels-last decode in row bands with it (and the norm kernels) still equals the official goldens."""
+    _interpreted("""
+        import torch
+        from safetensors import safe_open
+        from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_layout, vae_ops
+        from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
+        torch.manual_seed(0)
+        cl = torch.channels_last_3d
+        vae_kernels.COPY_BLOCK = 64  # several blocks per row run
+        src = torch.randn(1, 8, 4, 9, 11).contiguous(memory_format=cl)
+        buf = torch.full((1, 8, 6, 7, 13), 5.0).contiguous(memory_format=cl)
+        vae_kernels.copy_rows(buf[:, :, 1:3, 1:6, 1:12], src[:, :, 2:4, 3:8])
+        want = torch.full((1, 8, 6, 7, 13), 5.0); want[:, :, 1:3, 1:6, 1:12] = src[:, :, 2:4, 3:8]
+        assert torch.equal(buf, want)
+        vae_kernels.copy_rows(buf[:, :, 3:6], buf[:, :, :1].expand(-1, -1, 3, -1, -1))
+        assert torch.equal(buf[:, :, 3:6], buf[:, :, :1].expand(-1, -1, 3, -1, -1))
+        rgb = torch.randn(1, 3, 2, 5, 6).contiguous(memory_format=cl)
+        out = torch.zeros(1, 3, 2, 5, 6).contiguous(memory_format=cl)
+        assert torch.equal(vae_kernels.copy_rows(out, rgb), rgb)
+        try:
+            vae_kernels.copy_rows(torch.zeros(1, 8, 4, 9, 11), src)  # NCDHW rows are not runs of W x C
+            raise SystemExit("refused nothing")
+        except ValueError as e:
+            assert "row runs" in str(e)
+
+        with safe_open("fixtures/seedvr2_vae.safetensors", framework="pt") as f:
+            T = {k: f.get_tensor(k) for k in f.keys()}
+        vae = SeedVR2VAE(VAEConfig.tiny()).eval()
+        vae.load_state_dict({k[2:]: v.float() for k, v in T.items() if k.startswith("w.")}, strict=True)
+        vae_layout.CHANNELS_LAST, vae_ops.ROW_COPIES = True, "everywhere"
+        calls = []
+        real = vae_kernels.copy_rows
+        vae_kernels.copy_rows = lambda d, s: (calls.append(d.shape), real(d, s))[1]
+        conv3d = torch.nn.functional.conv3d
+        vae_ops.F.conv3d = lambda x, w, *a, **k: conv3d(x, w, *a, **k).contiguous(memory_format=cl)
+        out = vae.decode(T["dec.3.z"].float(), chunk_bytes=1 << 15)  # time slices: carried frames copied too
+        rel = ((out.double() - T["dec.3.sliced.out"].double()).norm() / T["dec.3.sliced.out"].double().norm()).item()
+        assert rel <= 1e-5 and len(calls) > 10, (rel, len(calls))
+        print("ok")
+    """)

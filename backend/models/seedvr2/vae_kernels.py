@@ -1,6 +1,10 @@
 """Triton kernels of the SeedVR2 VAE's per-frame GroupNorm: the statistics in one read of the activation, and the
 normalisation (+ SiLU) in one read and one write, straight into the buffer the next conv reads (its zero-padded,
-time-extended input), so no fp32 copy of an activation is ever made.
+time-extended input), so no fp32 copy of an activation is ever made. Also the row softmax of the mid block's
+attention (``softmax_rows``: fp32 scores in, low-precision probabilities out; vae_ops.py runs the attention as
+two GEMMs around it where no fused SDPA kernel takes its 512-wide head), and ``copy_rows``: copies between
+channels-last views whose rows are contiguous runs (a band's carried frames and plain inputs), where torch's copy
+takes its generic strided kernel.
 
 The torch path in vae_ops.py (``FrameGroupNorm``) is the reference: per (batch, group, frame) fp32 mean and
 1 / sqrt(var + eps) (population variance), then ``((x - mean) * rstd) * weight + bias`` in fp32, SiLU, one rounding
@@ -224,3 +228,93 @@ def norm_apply(part: torch.Tensor, t0: int, mean: torch.Tensor, rstd: torch.Tens
     _norm_apply[grid](part, out, mean, rstd, weight, bias, c, n, h, w, groups, t_all, t0, *part.stride(),
                       *out.stride(), SILU=silu, BLOCK=APPLY_BLOCK, num_warps=4)
     return out
+
+
+# ---- the mid block's attention: row softmax of fp32 scores into low-precision probabilities --------------------------
+
+SOFTMAX_BLOCK = 2048
+# A finite "minus infinity" (a lane that saw only padding never makes exp(-inf - -inf) = nan); a constexpr, as a
+# compiled kernel reads no other globals (the interpreter does: tests/test_seedvr2_vae_gpu.py compiles it).
+_FAR_BELOW = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _softmax_rows(s_ptr, p_ptr, N, s_row, p_row, scale, BLOCK: tl.constexpr, ROUND_BF16: tl.constexpr):
+    # one program per row: a running max and sum per lane over the row, then one pass writing exp(x - max) / sum
+    # (the second read of a row mostly hits L2: a wave of programs' rows fits in it)
+    row = tl.program_id(0).to(tl.int64)
+    src = s_ptr + row * s_row
+    m = tl.full([BLOCK], _FAR_BELOW, tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < N, other=_FAR_BELOW).to(tl.float32) * scale
+        m_new = tl.maximum(m, x)
+        acc = acc * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new
+    top = tl.max(m, 0)
+    inv = 1.0 / tl.sum(acc * tl.exp(m - top), 0)
+    dst = p_ptr + row * p_row
+    for start in range(0, N, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src + offs, mask=offs < N, other=_FAR_BELOW).to(tl.float32) * scale
+        y = tl.exp(x - top) * inv
+        if ROUND_BF16:  # round to nearest even by hand: then the cast below is exact on the GPU and interpreted alike
+            bits = y.to(tl.int32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+            y = bits.to(tl.float32, bitcast=True)
+        tl.store(dst + offs, y.to(p_ptr.dtype.element_ty), mask=offs < N)
+
+
+def softmax_rows(scores: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """softmax(scores * scale) over the last dim of a 2-D tensor with unit column stride (fp32 scores), computed in
+    fp32 and rounded once to `dtype` (what a flash kernel does to its probabilities before the PV product)."""
+    if scores.dim() != 2 or scores.stride(1) != 1:
+        raise ValueError(f"softmax_rows needs a 2-D tensor with unit column stride, got {tuple(scores.shape)} "
+                         f"strides {scores.stride()}")
+    rows, n = scores.shape
+    out = torch.empty((rows, n), device=scores.device, dtype=dtype)
+    if rows and n:
+        _softmax_rows[(rows,)](scores, out, n, scores.stride(0), out.stride(0), float(scale),
+                               BLOCK=SOFTMAX_BLOCK, ROUND_BF16=dtype == torch.bfloat16, num_warps=8)
+    return out
+
+
+# ---- copies between channels-last views: the carried frames and plain inputs into a conv's padded band ---------------
+
+COPY_BLOCK = 4096
+
+
+@triton.jit
+def _copy_rows(src_ptr, dst_ptr, T, H, RUN, s_b, s_t, s_h, d_b, d_t, d_h, BLOCK: tl.constexpr):
+    # one program per (row, block of its run): a row's W x C values are one contiguous run in both tensors
+    row = tl.program_id(0).to(tl.int64)
+    h = row % H
+    t = (row // H) % T
+    b = row // (H * T)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < RUN
+    v = tl.load(src_ptr + b * s_b + t * s_t + h * s_h + offs, mask=mask)
+    tl.store(dst_ptr + b * d_b + t * d_t + h * d_h + offs, v, mask=mask)
+
+
+def rows_are_runs(x: torch.Tensor) -> bool:
+    """x [B, C, T, H, W] holds each (b, t, h) row's W x C values as one contiguous run (channels-last, columns
+    adjacent: a channels_last_3d tensor or a view of its frames, rows or whole-width columns)."""
+    b, c, t, h, w = x.shape
+    return x.stride(1) == 1 and (w == 1 or x.stride(4) == c)
+
+
+def copy_rows(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """dst.copy_(src) for same-shape, same-dtype 5-D views whose rows are contiguous runs (rows_are_runs; any
+    strides between rows, frames and batches, an expanded frame included): one vectorised pass, where torch's
+    copy of such views takes its generic strided kernel."""
+    if dst.shape != src.shape or dst.dtype != src.dtype or not (rows_are_runs(dst) and rows_are_runs(src)):
+        raise ValueError(f"copy_rows: {tuple(src.shape)} {src.dtype} -> {tuple(dst.shape)} {dst.dtype} "
+                         f"(strides {src.stride()} -> {dst.stride()}) is not a copy of row runs")
+    b, c, t, h, w = dst.shape
+    if dst.numel():
+        _copy_rows[(b * t * h, triton.cdiv(w * c, COPY_BLOCK))](
+            src, dst, t, h, w * c, src.stride(0), src.stride(2), src.stride(3), dst.stride(0), dst.stride(2),
+            dst.stride(3), BLOCK=COPY_BLOCK, num_warps=4)
+    return dst

@@ -10,13 +10,16 @@ knobs never change results beyond fp32 noise.
   Slicing the video in time therefore equals the whole pass.
 - Space: a conv runs in bands of output rows whose padded input (kernel halo included, zero padding only at the
   frame's real edges) fits ``chunk_bytes``, written into one output. This also keeps every kernel call below 2**31
-  elements (larger inputs fail in cuDNN).
+  elements (larger inputs fail in cuDNN). In channels_last_3d on CUDA each output frame of a band is written in place
+  by cuDNN (a frame's rows are contiguous there), so banding costs no copy of the output.
 - GroupNorm is per frame (the official folds time into the batch). ``FrameGroupNorm`` takes each (frame, group)'s
   statistics first, in fp32 over bounded chunks, then normalises (+ SiLU) any piece on demand: a conv preceded by a
   norm applies it to each band it reads, so the normalised activation is never materialised whole. (PyTorch's own
   GroupNorm kernel also runs one block per (frame, group): slow on large frames.)
-- The mid-block attention is per frame over its h*w tokens, one frame at a time, on SDPA's fused kernels (no score
-  matrix); where none applies, the math kernel runs on query chunks whose scores fit ``chunk_bytes``.
+- The mid-block attention is per frame over its h*w tokens, one frame at a time: in bf16 / fp16 on CUDA as two GEMMs
+  around a softmax kernel on query chunks (its 512-wide head is past the fast fused kernels), otherwise on SDPA's
+  fused kernels (no score matrix); where none applies, the math kernel runs on query chunks whose scores fit
+  ``chunk_bytes``.
 - Layout: every op here takes any strides and allocates what it writes in the layout of what it reads
   (vae_layout.py), so a pass entered in ``channels_last_3d`` (the VAE does so on CUDA)
   stays in it end to end: cuDNN then runs its NDHWC kernels without transposing each conv's input and output.
@@ -32,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .vae_layout import empty_like_layout
+from .vae_layout import empty_like_layout, is_channels_last
 
 DEFAULT_CHUNK_BYTES = 512 * 2**20
 MAX_CONV_ELEMENTS = 2**31 - 1  # per conv call, input and output (cuDNN's 32-bit-indexed kernels)
@@ -40,10 +43,59 @@ MAX_CONV_ELEMENTS = 2**31 - 1  # per conv call, input and output (cuDNN's 32-bit
 # under TRITON_INTERPRET=1, for the tests): one read of the activation, the result written straight into the next
 # conv's padded input. False: the torch path below everywhere (the benchmarks' "before").
 NORM_KERNELS = True
+# Banded convs on channels-last CUDA tensors write their output frames in place (conv_into): True; False: every
+# band's result is copied into the output (the benchmarks' "before"); "everywhere": on the CPU too (the tests).
+DIRECT_BAND_WRITES = True
+_CUDNN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The mid block's 512-wide single-head attention in bf16 / fp16 on CUDA as GEMMs around a Triton softmax (True);
+# False: SDPA's fused kernels (the benchmarks' "before"); "everywhere": also on the CPU under TRITON_INTERPRET=1.
+GEMM_ATTENTION = True
+# Copies between channels-last views (a band's carried frames and plain inputs) by vae_kernels.copy_rows on CUDA
+# (True); False: torch's copy_ (the benchmarks' "before"); "everywhere": on the CPU too under TRITON_INTERPRET=1.
+ROW_COPIES = True
+_MM_FP32_OUT = True  # torch.mm takes out_dtype (found False on the first call where it does not)
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src); channels-last views on CUDA by vae_kernels.copy_rows (torch's copy of such views takes its
+    generic strided kernel, several times slower for the carried frames and plain inputs of every band)."""
+    if ROW_COPIES and (dst.is_cuda or (ROW_COPIES == "everywhere" and _interpreting())) and dst.dim() == 5 \
+            and dst.dtype == src.dtype and dst.shape == src.shape:
+        try:
+            from .vae_kernels import copy_rows, rows_are_runs
+        except ImportError:
+            pass
+        else:
+            if rows_are_runs(dst) and rows_are_runs(src):
+                copy_rows(dst, src)
+                return
+    dst.copy_(src)
+
+
+def _writes_frames_in_place(x: torch.Tensor) -> bool:
+    """Whether a banded conv over x writes each output frame's rows into the output directly (cuDNN's out= form,
+    channels-last CUDA tensors) instead of copying every band's result into it."""
+    if not DIRECT_BAND_WRITES or not is_channels_last(x) or x.shape[0] != 1:  # batch 1: a frame's rows are contiguous
+        return False
+    if x.is_cuda:
+        return torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled and x.dtype in _CUDNN_DTYPES
+    return DIRECT_BAND_WRITES == "everywhere"
+
+
+def conv_into(x: torch.Tensor, weight: torch.Tensor, stride: Tuple[int, int, int], out: torch.Tensor) -> None:
+    """out = conv3d(x, weight) without bias or padding, written into ``out`` (a channels-last view of the right
+    shape). On CUDA cuDNN writes it in place; elsewhere (the CPU tests of the banding) through a copy."""
+    if not x.is_cuda:
+        out.copy_(F.conv3d(x, weight, None, stride))
+        return
+    cudnn = torch.backends.cudnn
+    torch.ops.aten.cudnn_convolution.out(x, weight, [0, 0, 0], list(stride), [1, 1, 1], 1, cudnn.benchmark,
+                                         cudnn.deterministic or torch.are_deterministic_algorithms_enabled(),
+                                         cudnn.allow_tf32, out=out)
 
 
 def _norm_kernels_for(x: torch.Tensor) -> bool:
@@ -203,10 +255,25 @@ class CausalConv3d(nn.Conv3d):
         if rows >= h_out:
             return F.conv3d(self._padded(src, 0, h_out), self.weight, self.bias, self.stride)
         out = empty_like_layout(x, (b, self.out_channels, t_out, h_out, w_out))
+        direct = _writes_frames_in_place(x)
         for r0 in range(0, h_out, rows):
             r1 = min(h_out, r0 + rows)
-            out[:, :, :, r0:r1] = F.conv3d(self._padded(src, r0, r1), self.weight, self.bias, self.stride)
+            padded = self._padded(src, r0, r1)
+            if direct:
+                self._frames_into(padded, out[:, :, :, r0:r1])
+            else:
+                out[:, :, :, r0:r1] = F.conv3d(padded, self.weight, self.bias, self.stride)
+        if direct and self.bias is not None:
+            out.add_(self.bias.view(1, -1, 1, 1, 1))  # once over the whole output (torch adds it after cuDNN too)
         return out
+
+    def _frames_into(self, padded: torch.Tensor, dst: torch.Tensor) -> None:
+        """The conv (bias excluded) of a padded row band, one output frame at a time, straight into dst
+        [B, C_out, T_out, rows, W_out] (a row band of a channels-last output). One frame of a row band is contiguous
+        in channels_last_3d, as is a window of frames of the padded band, so nothing is copied before or after."""
+        kt, st = self.kernel_size[0], self.stride[0]
+        for j in range(dst.shape[2]):
+            conv_into(padded[:, :, j * st:j * st + kt], self.weight, (1,) + tuple(self.stride[1:]), dst[:, :, j:j + 1])
 
     def _padded(self, src: "TimeExtended", r0: int, r1: int) -> torch.Tensor:
         """The zero-padded, time-extended input of output rows [r0, r1)."""
@@ -242,7 +309,7 @@ class TimeExtended:
         if self.pre is not None:
             self.pre(part, t0, dst)
         else:
-            dst.copy_(part)
+            _copy(dst, part)
 
     def write(self, dst: torch.Tensor, p0: int, p1: int, a: int, z: int) -> None:
         """Write frames [p0, p1) of the extended input, rows [a, z), into dst [B, C, p1 - p0, z - a, W] (any
@@ -251,11 +318,11 @@ class TimeExtended:
         if p0 < self.nh:
             n = min(p1, self.nh) - p0
             if self.head is not None:
-                dst[:, :, :n].copy_(self.head[:, :, p0:p0 + n, a:z])
+                _copy(dst[:, :, :n], self.head[:, :, p0:p0 + n, a:z])
             else:
                 self._x_into(0, 1, a, z, dst[:, :, :1])
                 if n > 1:
-                    dst[:, :, 1:n].copy_(dst[:, :, :1].expand(-1, -1, n - 1, -1, -1))
+                    _copy(dst[:, :, 1:n], dst[:, :, :1].expand(-1, -1, n - 1, -1, -1))
             t = n
         if p1 > self.nh:
             t0 = max(p0, self.nh) - self.nh
@@ -289,6 +356,58 @@ def _sdpa_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[t
         return None
 
 
+def _gemm_attention_for(q: torch.Tensor) -> bool:
+    """Whether the mid block's attention runs as two GEMMs around the softmax kernel: CUDA bf16 / fp16 with a head
+    wider than the fused SDPA kernels' fast forms (256); there SDPA's memory-efficient kernel keeps its output in
+    global memory and runs at ~125 TFLOP/s on an H200 (docs/BENCHMARKS.md). fp32 keeps SDPA (the goldens' path)."""
+    if not GEMM_ATTENTION or not _MM_FP32_OUT or q.shape[-1] <= 256 or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not (q.is_cuda or (GEMM_ATTENTION == "everywhere" and _interpreting() and q.device.type == "cpu")):
+        return False
+    try:
+        from . import vae_kernels  # noqa: F401  (triton)
+    except ImportError:
+        return False
+    return True
+
+
+def _scores(q: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
+    """q @ kt accumulated and returned in fp32 (cuBLAS's low-precision GEMM with an fp32 result on CUDA)."""
+    if q.is_cuda:
+        return torch.mm(q, kt, out_dtype=torch.float32)
+    return torch.mm(q.float(), kt.float())  # the interpreted tests' CPU stand-in
+
+
+def _gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_bytes: int) -> Optional[torch.Tensor]:
+    """Single-head attention of q, k, v [B, 1, N, D] as S = q k^T in fp32 (query chunks whose scores and
+    probabilities fit chunk_bytes), P = softmax(S / sqrt(D)) rounded to q's dtype, P v -- the numerics of a flash
+    kernel (fp32 scores, low-precision probabilities, fp32 accumulation), without its head-width limit. None where
+    this torch has no fp32-result GEMM (torch.mm's out_dtype, torch >= 2.8)."""
+    global _MM_FP32_OUT
+    from .vae_kernels import softmax_rows
+
+    b, _, n, d = q.shape
+    scale = d ** -0.5
+    out = torch.empty_like(q)
+    rows = _count(n, chunk_bytes // max((4 + q.element_size()) * n, 1))
+    for i in range(b):
+        kt, vi = k[i, 0].t(), v[i, 0]
+        for r0 in range(0, n, rows):
+            try:
+                scores = _scores(q[i, 0, r0:r0 + rows], kt)
+            except TypeError:
+                _MM_FP32_OUT = False
+                return None
+            p = softmax_rows(scores, scale, q.dtype)
+            del scores
+            if p.is_cuda:
+                torch.mm(p, vi, out=out[i, 0, r0:r0 + rows])  # fp32 accumulation, one rounding
+            else:
+                out[i, 0, r0:r0 + rows] = torch.mm(p.float(), vi.float())  # the CPU stand-in, rounded once too
+            del p
+    return out
+
+
 class FrameAttention(nn.Module):
     """The mid block's single-head self-attention over each frame's h*w tokens (the official diffusers ``Attention``
     with a GroupNorm, biased q/k/v/out projections and the residual); state-dict names are the official ones."""
@@ -310,7 +429,9 @@ class FrameAttention(nn.Module):
             tok = norm(x[:, :, j:j + 1], j).reshape(b, c, n).transpose(1, 2)
             q, k, v = (proj(tok)[:, None] for proj in (self.to_q, self.to_k, self.to_v))
             del tok
-            att = _sdpa_fused(q, k, v)
+            att = _gemm_attention(q, k, v, chunk_bytes) if _gemm_attention_for(q) else None
+            if att is None:
+                att = _sdpa_fused(q, k, v)
             if att is None:  # math kernel: query chunks whose fp32 scores fit chunk_bytes
                 att = torch.empty_like(q)
                 rows = _count(n, chunk_bytes // (4 * n * b))
