@@ -18,17 +18,43 @@ pytest.importorskip("triton", reason="the VAE kernels are Triton kernels")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _interpreted(code: str) -> str:
+def _interpreted(code: str, prelude: str = "") -> str:
     require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(code)], env=env, capture_output=True, text=True,
                          timeout=900, cwd=os.path.join(REPO, "tests"))
     assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
     return run.stdout
 
 
+# Shared by the snippets below: the kernels' statistics of x against float64, and the torch / fused norms of x.
+_NORM_CHECKS = """
+import torch
+from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_ops
+
+
+def check_stats(x, norm, offset):
+    g = norm.num_groups
+    b, c, t, h, w = x.shape
+    mean, rstd = vae_kernels.group_stats(x, g, norm.eps)
+    var, want = torch.var_mean(x.double().reshape(b, g, c // g, t, h * w), dim=(2, 4), correction=0)
+    assert (mean.double() - want).abs().max() <= 1e-6 * max(offset, 1), (mean, want)
+    want_rstd = (var + norm.eps).rsqrt()
+    assert ((rstd.double() - want_rstd).abs() / want_rstd).max() <= 1e-4, offset
+
+
+def torch_and_fused(norm, x):
+    vae_ops.NORM_KERNELS = False
+    ref = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
+    vae_ops.NORM_KERNELS = True
+    fused = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
+    assert fused.fused and not ref.fused
+    return ref, fused
+"""
+
+
 def test_stats_and_normalisation_equal_the_torch_path_on_strided_views():
-    _interpreted("""
+    _interpreted(prelude=_NORM_CHECKS, code="""
         import torch
         from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_ops
         torch.manual_seed(0)
@@ -37,17 +63,8 @@ def test_stats_and_normalisation_equal_the_torch_path_on_strided_views():
         for offset in (0.0, 300.0):  # a mean 300x the spread: the kernel's per-block moments keep the variance
             x = torch.randn(2, 8, 3, 9, 37, dtype=torch.float64) + offset
             x = x.float().permute(0, 1, 2, 4, 3).contiguous().permute(0, 1, 2, 4, 3)  # non-contiguous rows
-            mean, rstd = vae_kernels.group_stats(x, 4, norm.eps)
-            g = x.double().reshape(2, 4, 2, 3, 9 * 37)
-            var, want = torch.var_mean(g, dim=(2, 4), correction=0)
-            assert (mean.double() - want).abs().max() <= 1e-6 * max(offset, 1), (mean, want)
-            want_rstd = (var + norm.eps).rsqrt()
-            assert ((rstd.double() - want_rstd).abs() / want_rstd).max() <= 1e-4, offset
-        vae_ops.NORM_KERNELS = False
-        ref = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
-        vae_ops.NORM_KERNELS = True
-        fused = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
-        assert fused.fused and not ref.fused
+            check_stats(x, norm, offset)
+        ref, fused = torch_and_fused(norm, x)
         fused.mean, fused.rstd = ref.mean, ref.rstd  # the normalisation alone
         part = x[:, :, 1:3, 2:7, 3:30]
         buf = torch.full((2, 8, 4, 7, 31), 7.0)
@@ -63,7 +80,7 @@ def test_stats_and_normalisation_equal_the_torch_path_on_strided_views():
 
 
 def test_the_channels_last_kernels_equal_float64_and_the_torch_path():
-    _interpreted("""
+    _interpreted(prelude=_NORM_CHECKS, code="""
         import torch
         from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_layout, vae_ops
         torch.manual_seed(0)
@@ -74,16 +91,8 @@ def test_the_channels_last_kernels_equal_float64_and_the_torch_path():
             whole = (torch.randn(2, 12, 3, 11, 37, dtype=torch.float64) + offset).float().contiguous(memory_format=cl)
             x = whole[:, :, :, 1:10]  # a row band of a channels-last tensor: channel stride 1, not contiguous
             assert vae_layout.is_channels_last(x) and not x.is_contiguous(memory_format=cl)
-            mean, rstd = vae_kernels.group_stats(x, 4, norm.eps)
-            var, want = torch.var_mean(x.double().reshape(2, 4, 3, 3, 9 * 37), dim=(2, 4), correction=0)
-            assert (mean.double() - want).abs().max() <= 1e-6 * max(offset, 1), (mean, want)
-            want_rstd = (var + norm.eps).rsqrt()
-            assert ((rstd.double() - want_rstd).abs() / want_rstd).max() <= 1e-4, offset
-        vae_ops.NORM_KERNELS = False
-        ref = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
-        vae_ops.NORM_KERNELS = True
-        fused = vae_ops.FrameGroupNorm(norm, x, 1 << 20, silu=True)
-        assert fused.fused
+            check_stats(x, norm, offset)
+        ref, fused = torch_and_fused(norm, x)
         fused.mean, fused.rstd = ref.mean, ref.rstd
         part = x[:, :, 1:3, 2:7, 3:30]
         want = ref(part, 1)
