@@ -1,8 +1,10 @@
-"""The SeedVR2 VAE's GroupNorm Triton kernels (backend/models/seedvr2/vae_kernels.py) on the CPU, through Triton's
+"""The SeedVR2 VAE's Triton kernels (backend/models/seedvr2/vae_kernels.py) on the CPU, through Triton's
 interpreter: statistics against float64 (also where the mean dwarfs the spread), the normalisation into strided
-views against the torch path (both kernel forms: channel-major and channels-last), and the tiny VAE with the kernels
-against the official goldens (fp32 rel <= 1e-5; NCDHW and channels_last_3d), the decode in row bands (one frame each: the interpreter runs ~100 programs a second). Each runs in a subprocess (TRITON_INTERPRET must be set before triton
-is imported); tests/test_seedvr2_vae_gpu.py runs the compiled kernels."""
+views against the torch path (both kernel forms: channel-major and channels-last), the tiny VAE with the kernels
+against the official goldens (fp32 rel <= 1e-5; NCDHW and channels_last_3d), the decode in row bands (one frame
+each: the interpreter runs ~100 programs a second), the attention's row softmax and GEMM attention against float64,
+and the channels-last row copies. Each runs in a subprocess (TRITON_INTERPRET must be set before triton is
+imported); tests/test_seedvr2_vae_gpu.py runs the compiled kernels."""
 
 import os
 import subprocess
@@ -21,7 +23,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _interpreted(code: str, prelude: str = "") -> str:
     require_interpreter()
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONPATH=REPO)
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(prelude) + textwrap.dedent(code)], env=env, capture_output=True, text=True,
+    source = textwrap.dedent(prelude) + textwrap.dedent(code)
+    run = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True,
                          timeout=900, cwd=os.path.join(REPO, "tests"))
     assert run.returncode == 0 and run.stdout.rstrip().endswith("ok"), run.stdout + run.stderr
     return run.stdout
@@ -143,8 +146,8 @@ def test_tiny_vae_with_the_kernels_equals_the_official_goldens():
 def test_the_softmax_kernel_and_the_gemm_attention_equal_float64():
     """softmax_rows against a float64 softmax (rows longer than a block, a row of one large score, padding lanes);
     the mid block's GEMM attention (bf16 q, k, v with a 512-wide head, query chunks) against float64 attention of
-    the same bf16 inputs (a flash kernel's rounding: the probabilities in bf16), and the FrameAttention module on that path against
-    its SDPA path."""
+    the same bf16 inputs (a flash kernel's rounding: the probabilities in bf16), and the FrameAttention module on
+    that path against its SDPA path."""
     _interpreted("""
         import torch
         from comfyui_h3.backend.models.seedvr2 import vae_kernels, vae_ops

@@ -16,8 +16,8 @@ frames, then ``slice_frames`` frames per slice (default 4, the official ``split_
 (2 per 3x3x3 conv) to the next slice, so sliced equals whole (fp32 rel <= 1e-6 on the tiny model) and activations
 scale with one slice, not the clip. ``None`` runs the clip in one slice. Within a slice, convs run in row bands with
 halos, each GroupNorm (+ SiLU) is applied band by band inside the conv that follows it (per-frame statistics taken
-first), the mid-block attention runs one frame at a time (vae_ops.py says on which kernels), depth-to-space one frame and row
-band at a time; ``chunk_bytes`` bounds each such piece (default 512 MiB). The decoded video is written into one
+first), the mid-block attention runs one frame at a time (vae_ops.py says on which kernels), depth-to-space one
+frame and row band at a time; ``chunk_bytes`` bounds each such piece (default 512 MiB). The decoded video is written into one
 preallocated output (no concatenation copy).
 Measured on one H200, released size, bf16, 2688x1536, the CUDA defaults (channels-last, norm kernels, frames written
 in place, GEMM attention; docs/BENCHMARKS.md): encode of 21 frames 1.97 s, peak +34 GiB; decode of 6 latents 4.45 s,
