@@ -27,6 +27,7 @@ knobs never change results beyond fp32 noise.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Dict, Optional, Tuple
@@ -53,26 +54,43 @@ GEMM_ATTENTION = True
 # Copies between channels-last views (a band's carried frames and plain inputs) by vae_kernels.copy_rows on CUDA
 # (True); False: torch's copy_ (the benchmarks' "before"); "everywhere": on the CPU too under TRITON_INTERPRET=1.
 ROW_COPIES = True
-_MM_FP32_OUT = True  # torch.mm takes out_dtype (found False on the first call where it does not)
+# torch.mm's fp32-result form for low-precision inputs (out_dtype; torch >= 2.8): the GEMM attention's scores
+_MM_FP32_OUT = "dtype" in torch.ops.aten.mm.overloads()
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    try:
+        from . import vae_kernels  # noqa: F401  (triton)
+    except ImportError:
+        return False
+    return True
+
+
+def _kernels_for(x: torch.Tensor, flag, interpreted: bool = False) -> bool:
+    """Whether a Triton kernel of vae_kernels.py serves x under its module flag (one of the switches above): on
+    CUDA when the flag is set; on the CPU only under TRITON_INTERPRET=1 (the tests), where the flag is "everywhere"
+    or ``interpreted`` makes the kernel the CPU path whenever the interpreter runs."""
+    if not flag:
+        return False
+    if not x.is_cuda and not (x.device.type == "cpu" and _interpreting() and (interpreted or flag == "everywhere")):
+        return False
+    return _triton_available()
+
+
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst.copy_(src); channels-last views on CUDA by vae_kernels.copy_rows (torch's copy of such views takes its
     generic strided kernel, several times slower for the carried frames and plain inputs of every band)."""
-    if ROW_COPIES and (dst.is_cuda or (ROW_COPIES == "everywhere" and _interpreting())) and dst.dim() == 5 \
-            and dst.dtype == src.dtype and dst.shape == src.shape:
-        try:
-            from .vae_kernels import copy_rows, rows_are_runs
-        except ImportError:
-            pass
-        else:
-            if rows_are_runs(dst) and rows_are_runs(src):
-                copy_rows(dst, src)
-                return
+    if dst.dim() == 5 and dst.dtype == src.dtype and dst.shape == src.shape and _kernels_for(dst, ROW_COPIES):
+        from .vae_kernels import copy_rows, rows_are_runs
+
+        if rows_are_runs(dst) and rows_are_runs(src):
+            copy_rows(dst, src)
+            return
     dst.copy_(src)
 
 
@@ -99,13 +117,7 @@ def conv_into(x: torch.Tensor, weight: torch.Tensor, stride: Tuple[int, int, int
 
 
 def _norm_kernels_for(x: torch.Tensor) -> bool:
-    if not NORM_KERNELS or not (x.is_cuda or (_interpreting() and x.device.type == "cpu")):
-        return False
-    try:
-        from . import vae_kernels  # noqa: F401  (triton)
-    except ImportError:
-        return False
-    return True
+    return _kernels_for(x, NORM_KERNELS, interpreted=True)
 
 
 class CausalStream:
@@ -360,15 +372,9 @@ def _gemm_attention_for(q: torch.Tensor) -> bool:
     """Whether the mid block's attention runs as two GEMMs around the softmax kernel: CUDA bf16 / fp16 with a head
     wider than the fused SDPA kernels' fast forms (256); there SDPA's memory-efficient kernel keeps its output in
     global memory and runs at ~125 TFLOP/s on an H200 (docs/BENCHMARKS.md). fp32 keeps SDPA (the goldens' path)."""
-    if not GEMM_ATTENTION or not _MM_FP32_OUT or q.shape[-1] <= 256 or q.dtype not in (torch.float16, torch.bfloat16):
+    if not _MM_FP32_OUT or q.shape[-1] <= 256 or q.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if not (q.is_cuda or (GEMM_ATTENTION == "everywhere" and _interpreting() and q.device.type == "cpu")):
-        return False
-    try:
-        from . import vae_kernels  # noqa: F401  (triton)
-    except ImportError:
-        return False
-    return True
+    return _kernels_for(q, GEMM_ATTENTION)
 
 
 def _scores(q: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
@@ -378,12 +384,10 @@ def _scores(q: torch.Tensor, kt: torch.Tensor) -> torch.Tensor:
     return torch.mm(q.float(), kt.float())  # the interpreted tests' CPU stand-in
 
 
-def _gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_bytes: int) -> Optional[torch.Tensor]:
+def _gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_bytes: int) -> torch.Tensor:
     """Single-head attention of q, k, v [B, 1, N, D] as S = q k^T in fp32 (query chunks whose scores and
     probabilities fit chunk_bytes), P = softmax(S / sqrt(D)) rounded to q's dtype, P v -- the numerics of a flash
-    kernel (fp32 scores, low-precision probabilities, fp32 accumulation), without its head-width limit. None where
-    this torch has no fp32-result GEMM (torch.mm's out_dtype, torch >= 2.8)."""
-    global _MM_FP32_OUT
+    kernel (fp32 scores, low-precision probabilities, fp32 accumulation), without its head-width limit."""
     from .vae_kernels import softmax_rows
 
     b, _, n, d = q.shape
@@ -393,13 +397,7 @@ def _gemm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_byt
     for i in range(b):
         kt, vi = k[i, 0].t(), v[i, 0]
         for r0 in range(0, n, rows):
-            try:
-                scores = _scores(q[i, 0, r0:r0 + rows], kt)
-            except TypeError:
-                _MM_FP32_OUT = False
-                return None
-            p = softmax_rows(scores, scale, q.dtype)
-            del scores
+            p = softmax_rows(_scores(q[i, 0, r0:r0 + rows], kt), scale, q.dtype)
             if p.is_cuda:
                 torch.mm(p, vi, out=out[i, 0, r0:r0 + rows])  # fp32 accumulation, one rounding
             else:
@@ -429,9 +427,7 @@ class FrameAttention(nn.Module):
             tok = norm(x[:, :, j:j + 1], j).reshape(b, c, n).transpose(1, 2)
             q, k, v = (proj(tok)[:, None] for proj in (self.to_q, self.to_k, self.to_v))
             del tok
-            att = _gemm_attention(q, k, v, chunk_bytes) if _gemm_attention_for(q) else None
-            if att is None:
-                att = _sdpa_fused(q, k, v)
+            att = _gemm_attention(q, k, v, chunk_bytes) if _gemm_attention_for(q) else _sdpa_fused(q, k, v)
             if att is None:  # math kernel: query chunks whose fp32 scores fit chunk_bytes
                 att = torch.empty_like(q)
                 rows = _count(n, chunk_bytes // (4 * n * b))
