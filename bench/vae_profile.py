@@ -139,20 +139,36 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # ---- SeedVR2 --------------------------------------------------------------------------------------------------------
 
-SEEDVR2_VARIANTS = {  # name -> (norm kernels, cuDNN autotuning, band bytes, channels_last_3d, in-place band writes,
-    #                          the mid block's attention as GEMMs around the softmax kernel, the row-copy kernel)
-    "torch": (False, False, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),  # before the kernels
-    "kernels": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),
-    "kernels_cl_copied": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, False, False, False),  # bands copied
-    "kernels_cl_sdpa": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, False, False),  # SDPA attention
-    "kernels_cl_torch_copies": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, False),
-    "kernels_cl": (True, False, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, True),  # the CUDA default now
-    "kernels_cl_chunk2g": (True, False, 2 * 2**30, True, True, True, True),
-    "kernels_cl_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, True, True, True, True),
-    "kernels_autotune": (True, True, vae_ops.DEFAULT_CHUNK_BYTES, False, False, False, False),
-    "kernels_chunk2g": (True, False, 2 * 2**30, False, False, False, False),
-    "kernels_chunk8g": (True, False, 8 * 2**30, False, False, False, False),
+# The module switches a variant may change, each with its CUDA default.
+SWITCHES = {
+    "norm_kernels": (vae_ops, "NORM_KERNELS", True),
+    "channels_last": (vae_layout, "CHANNELS_LAST", "auto"),  # channels_last_3d activations
+    "band_writes": (vae_ops, "DIRECT_BAND_WRITES", True),  # banded convs write their frames in place
+    "gemm_attention": (vae_ops, "GEMM_ATTENTION", True),  # the mid block's attention as GEMMs + softmax kernel
+    "row_copies": (vae_ops, "ROW_COPIES", True),  # the row-copy kernel
 }
+_TORCH_PATH = {key: False for key in SWITCHES}
+SEEDVR2_VARIANTS = {  # name -> what it changes from the CUDA default: switches, "autotune" (cuDNN), "chunk" (bytes)
+    "torch": _TORCH_PATH,  # the path before the kernels
+    "kernels": {**_TORCH_PATH, "norm_kernels": True},
+    "kernels_cl_copied": {"band_writes": False, "gemm_attention": False, "row_copies": False},  # bands copied
+    "kernels_cl_sdpa": {"gemm_attention": False, "row_copies": False},  # SDPA's attention kernel
+    "kernels_cl_torch_copies": {"row_copies": False},
+    "kernels_cl": {},  # the CUDA default now
+    "kernels_cl_chunk2g": {"chunk": 2 * 2**30},
+    "kernels_cl_autotune": {"autotune": True},
+    "kernels_autotune": {**_TORCH_PATH, "norm_kernels": True, "autotune": True},
+    "kernels_chunk2g": {**_TORCH_PATH, "norm_kernels": True, "chunk": 2 * 2**30},
+    "kernels_chunk8g": {**_TORCH_PATH, "norm_kernels": True, "chunk": 8 * 2**30},
+}
+
+
+def apply_variant(changes: dict) -> int:
+    """Set every switch (its default unless `changes` names it) and cuDNN autotuning; the band bytes to use."""
+    for key, (module, attr, default) in SWITCHES.items():
+        setattr(module, attr, changes.get(key, default))
+    torch.backends.cudnn.benchmark = changes.get("autotune", False)
+    return changes.get("chunk", vae_ops.DEFAULT_CHUNK_BYTES)
 
 
 def seedvr2(args, device) -> None:
@@ -168,11 +184,7 @@ def seedvr2(args, device) -> None:
     first = None
     kept = {}
     for name in args.variants.split(","):
-        kernels, autotune, chunk, cl, direct, gemm_attention, row_copies = SEEDVR2_VARIANTS[name]
-        vae_ops.NORM_KERNELS, vae_ops.DIRECT_BAND_WRITES, vae_ops.GEMM_ATTENTION = kernels, direct, gemm_attention
-        vae_ops.ROW_COPIES = row_copies
-        vae_layout.CHANNELS_LAST = cl
-        torch.backends.cudnn.benchmark = autotune
+        chunk = apply_variant(SEEDVR2_VARIANTS[name])
 
         def encode():
             return vae.encode(video, chunk_bytes=chunk)[0]
@@ -216,9 +228,7 @@ def seedvr2(args, device) -> None:
             kept[name] = {k: v.cpu() for k, v in outs.items()}
         del outs
         emit(args, record)
-    vae_ops.NORM_KERNELS = vae_ops.DIRECT_BAND_WRITES = vae_ops.GEMM_ATTENTION = vae_ops.ROW_COPIES = True
-    vae_layout.CHANNELS_LAST = "auto"
-    torch.backends.cudnn.benchmark = False
+    apply_variant({})
     if args.check_fp32:
         check_against_fp32(args, vae, video, z, kept)
 
@@ -231,9 +241,8 @@ def check_against_fp32(args, vae, video, z, kept: dict) -> None:
     vae32, video32, z32 = vae.float(), video.float(), z.float()
     reference = {}
     try:
-        for kernels in (False, True):  # NCDHW, then the CUDA default (kernels, channels_last_3d)
-            vae_ops.NORM_KERNELS = kernels
-            vae_layout.CHANNELS_LAST = "auto" if kernels else False
+        for kernels in (False, True):  # the torch path (NCDHW), then the CUDA default
+            apply_variant({} if kernels else _TORCH_PATH)
             outs = {"encode": vae32.encode(video32)[0].cpu(), "decode": vae32.decode(z32).cpu()}
             if not kernels:
                 reference = outs
@@ -244,8 +253,7 @@ def check_against_fp32(args, vae, video, z, kept: dict) -> None:
                                       for name, outs_ in kept.items()}}
         emit(args, record)
     finally:
-        vae_ops.NORM_KERNELS = True
-        vae_layout.CHANNELS_LAST = "auto"
+        apply_variant({})
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
