@@ -13,6 +13,8 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
                   "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale")
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+UPSCALE_FLAGS = ("batch_frames", "overlap", "color_fix", "edge", "seed", "vae_tile")  # SeedVR2 options (the target:
+# --scale / --short-side / --size, one of them)
 TEMP_ENV = "COMFYUI_H3_TEMP"  # the headless temp folder (comfy_services/paths.py)
 
 
@@ -144,7 +146,7 @@ def _latents_option(p, what: str = "the final latents") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MIN_BATCH_FRAMES
+    from .backend.pipelines.seedvr2.options import UPSCALE
     from .cli_manifest import add_manifest_option
     from .nodes.widgets import GPUS_INPUT
 
@@ -238,22 +240,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="Refuse a DiT file of the other model; auto: what the file holds.")
     u.add_argument("--video", required=True, help="The video to upscale (its sound is kept unchanged).")
     size = u.add_mutually_exclusive_group()
-    size.add_argument("--scale", type=float, default=None, help="Output size = input size x this (default 2).")
-    size.add_argument("--short-side", type=int, default=None, help="Output short side in pixels (aspect kept).")
+    UPSCALE["scale"].add_flag(size, default=None)
+    UPSCALE["short_side"].add_flag(size, default=None, help="Output short side in pixels (aspect kept).")
     size.add_argument("--size", default=None, metavar="WxH", help="Output width x height, e.g. 1920x1080.")
-    u.add_argument("--batch-frames", type=int, default=0,
-                   help=f"Frames restored together: 0 (as many as fit), or 4n+1 from {MIN_BATCH_FRAMES} "
-                        f"({MIN_BATCH_FRAMES}, {MIN_BATCH_FRAMES + 4}, {MIN_BATCH_FRAMES + 8}, ...).")
-    u.add_argument("--overlap", type=int, default=8, help="Frames shared (cross-faded) by consecutive batches.")
-    u.add_argument("--color-fix", default="wavelet", choices=COLOR_FIXES,
-                   help="Colour correction toward the input.")
-    u.add_argument("--edge", default="pad", choices=EDGE_MODES,
-                   help="Reaching a multiple of 16 px: pad the edges (cropped back after) or crop them.")
-    u.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
-    u.add_argument("--vae-tile", type=int, default=0, metavar="PX",
-                   help="VAE encode/decode in tiles of at most PX pixels a side (a multiple of 8, >= 128; one GPU), "
-                        "for outputs whose frames do not fit the GPU whole (e.g. 4K): close to, not equal to, the "
-                        "whole pass. 0: whole frames.")
+    UPSCALE.add_flags(u, *UPSCALE_FLAGS)
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])

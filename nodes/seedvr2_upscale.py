@@ -14,16 +14,18 @@ import torch
 
 from .. import comfy_services as services
 from ..backend.media.encode import as_fraction, next_free_path, release_placeholder
-from ..backend.pipelines.seedvr2.request import COLOR_FIXES, EDGE_MODES, MAX_BATCH_FRAMES, MAX_SCALE, MAX_SIDE, \
-    UpscaleRequest, batch_frames_error, finite_number
+from ..backend.pipelines.seedvr2.options import UPSCALE
+from ..backend.pipelines.seedvr2.request import UpscaleRequest
 from ..extend_job import keep_partial
 from ..video_file import H3FileVideo
 from ..video_types import H3Video
-from .sample import MAX_SEED, run_engine, run_summary, with_manifest
+from .sample import run_engine, run_summary, with_manifest
 from .seedvr2_loader import SEEDVR2_ENGINE
 
-TARGETS = ("scale", "short side", "width x height")
-MAX_OVERLAP = 64
+# The widgets, in their saved order (options.py declares each); vae_tile was appended: saved workflows keep theirs
+REQUIRED_OPTIONS = ("target", "scale", "short_side", "width", "height", "batch_frames", "overlap", "color_fix", "seed",
+                    "edge")
+OPTIONAL_OPTIONS = ("fps", "vae_tile")
 MEMORY_OUTPUT_BYTES = 1 << 30  # an IMAGE input whose uint8 result is larger than this is streamed to a file
 PARTIAL_PREFIX = "H3/upscale_partial"
 ENCODE_OPTIONS = {"crf": 18, "preset": "veryfast"}  # H3 Save Video's defaults: saving it then copies the file
@@ -45,64 +47,21 @@ class H3SeedVR2Upscale:
         return {
             "required": {
                 "engine": (SEEDVR2_ENGINE, {"tooltip": "From SeedVR2 Model Loader."}),
-                "target": (list(TARGETS), {
-                    "default": "scale",
-                    "tooltip": "How the output size is given: scale (x the input), short side (pixels of the "
-                               "shorter side, aspect kept) or width x height (stretched to it). The other size "
-                               "widgets are ignored."}),
-                "scale": ("FLOAT", {"default": 2.0, "min": 0.25, "max": MAX_SCALE, "step": 0.05,
-                                    "tooltip": "target scale: output size = input size x this."}),
-                "short_side": ("INT", {"default": 1080, "min": 16, "max": MAX_SIDE, "step": 2,
-                                       "tooltip": "target short side: the output's shorter side in pixels."}),
-                "width": ("INT", {"default": 1920, "min": 16, "max": MAX_SIDE, "step": 2,
-                                  "tooltip": "target width x height: the output width in pixels."}),
-                "height": ("INT", {"default": 1080, "min": 16, "max": MAX_SIDE, "step": 2,
-                                   "tooltip": "target width x height: the output height in pixels."}),
-                "batch_frames": ("INT", {"default": 0, "min": 0, "max": MAX_BATCH_FRAMES,
-                                         "tooltip": "Frames restored together: 0 = auto (as many as fit in memory), "
-                                                    "or 4n+1 from 5 (5, 9, 13, 17, 21, ...). Below 17 the frames of "
-                                                    "a batch no longer attend to each other in time (more "
-                                                    "flicker)."}),
-                "overlap": ("INT", {"default": 8, "min": 0, "max": MAX_OVERLAP,
-                                    "tooltip": "Frames shared by consecutive batches, cross-faded so the seams do "
-                                               "not show (a multiple of 4 aligns with the latent frames). Must be "
-                                               "smaller than batch_frames."}),
-                "color_fix": (list(COLOR_FIXES), {
-                    "default": "wavelet",
-                    "tooltip": "Colour correction toward the input: wavelet (the official one: the input's low "
-                               "frequencies, the model's details), adain (per-channel mean/std), lab (colour "
-                               "channels matched in Lab), none."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
-                                 "tooltip": "Noise of the one diffusion step; same seed and settings -> the same "
-                                            "result."}),
-                "edge": (list(EDGE_MODES), {
-                    "default": "pad",
-                    "tooltip": "The model works on multiples of 16 px. pad: extend the edges, run, crop back (the "
-                               "exact size, nothing lost). crop: cut the few border pixels instead."}),
+                **UPSCALE.inputs(*REQUIRED_OPTIONS),
             },
             "optional": {
                 "video": ("VIDEO", {"tooltip": "The video to upscale (its sound is carried over unchanged). Connect "
                                                "this or images."}),
                 "images": ("IMAGE", {"tooltip": "Frames to upscale instead of a VIDEO (an IMAGE batch, in order; one "
                                                 "image works too), at the fps below."}),
-                "fps": ("FLOAT", {"default": 24.0, "min": 0.01, "max": 240.0, "step": 0.001,
-                                  "tooltip": "Frame rate of the output for images; a connected video keeps its "
-                                             "own."}),
-                # appended: saved workflows keep their widget order
-                "vae_tile": ("INT", {"default": 0, "min": 0, "max": MAX_SIDE, "step": 8,
-                                     "tooltip": "0 = off. Otherwise the VAE encodes and decodes each frame in "
-                                                "overlapping tiles of at most this many pixels a side (a multiple "
-                                                "of 8, at least 128; one GPU only), for outputs whose frames do not "
-                                                "fit the GPU whole, e.g. 4K. Close to, not equal to, the whole-frame "
-                                                "result, and slower; a memory error names the largest tile that "
-                                                "fits."}),
+                **UPSCALE.inputs(*OPTIONAL_OPTIONS),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
     @classmethod
     def VALIDATE_INPUTS(cls, batch_frames):
-        # Names only `batch_frames` (ComfyUI then leaves its range to us, and reports a refusal once): 0 or 4n+1.
+        # Names only `batch_frames` (ComfyUI then leaves its range to us, and reports a refusal once): its rule.
         return check_batch_frames(batch_frames)
 
     def upscale(self, engine, target, scale, short_side, width, height, batch_frames, overlap, color_fix, seed,
@@ -112,10 +71,11 @@ class H3SeedVR2Upscale:
             raise ValueError("SeedVR2 Upscale needs the engine of a SeedVR2 Model Loader.")
         if (video is None) == (images is None):
             raise ValueError("SeedVR2 Upscale needs one input: connect a video or images (not both).")
-        for name, value in (("scale", scale), ("short_side", short_side), ("width", width), ("height", height),
-                            ("batch_frames", batch_frames), ("overlap", overlap), ("seed", seed),
-                            ("fps", fps), ("vae_tile", vae_tile)):
-            finite_number(value, name)  # before int() / Fraction() of them
+        # every widget by its option's rule, before int() / Fraction() of them (the request checks its own fields
+        # again: it is the boundary the CLI and API callers share)
+        UPSCALE.check(dict(target=target, scale=scale, short_side=short_side, width=width, height=height,
+                           batch_frames=batch_frames, overlap=overlap, color_fix=color_fix, seed=seed, edge=edge,
+                           fps=fps, vae_tile=vae_tile or 0))
         if video is not None:
             from ..video_types import video_to_frames_audio
 
@@ -148,19 +108,17 @@ class H3SeedVR2Upscale:
 
 
 def check_batch_frames(batch_frames) -> bool | str:
-    """True for a batch size the request takes (request.batch_frames_error's one rule), else what to change."""
-    return batch_frames_error(batch_frames, "batch_frames") or True
+    """True for a batch size the request takes (the option's one rule), else what to change."""
+    return UPSCALE["batch_frames"].error(batch_frames) or True
 
 
 def target_fields(target: str, scale: float, short_side: int, width: int, height: int) -> dict:
-    """The request's target size fields for the node's `target` choice (the others stay None)."""
+    """The request's target size fields for the node's `target` choice (the others stay None; `target` is checked)."""
     if target == "scale":
         return {"scale": float(scale)}
     if target == "short side":
         return {"scale": None, "short_side": int(short_side)}
-    if target == "width x height":
-        return {"scale": None, "width": int(width), "height": int(height)}
-    raise ValueError(f"target must be one of {', '.join(TARGETS)}, got {target!r}.")
+    return {"scale": None, "width": int(width), "height": int(height)}
 
 
 def images_to_frames(images: torch.Tensor) -> torch.Tensor:

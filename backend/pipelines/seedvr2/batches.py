@@ -25,15 +25,21 @@ import torch
 
 from ...errors import RequestError
 from ...models.seedvr2.windows import window_size
-
-MIN_BATCH = 5
+from .options import MIN_BATCH_FRAMES as MIN_BATCH
 
 Span = Tuple[int, int]
 
 
+def padded_frames(frames: int) -> int:
+    """The clip length the model runs for `frames` video frames: the next 4n+1 (the last frame repeated; at least
+    1). The one home of this rule (official: 1 stays 1, else frames padded up to 4n+1)."""
+    frames = max(int(frames), 1)
+    return frames + (-(frames - 1)) % 4
+
+
 def latent_frames(frames: int) -> int:
-    """Latent frames the causal VAE makes of a 4n+1 pixel-frame clip."""
-    return (frames - 1) // 4 + 1
+    """Latent frames the causal VAE makes of `frames` video frames (padded to 4n+1 first): n+1 of 4n+1."""
+    return (padded_frames(frames) - 1) // 4 + 1
 
 
 def keeps_temporal_attention(batch: int) -> bool:

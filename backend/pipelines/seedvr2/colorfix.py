@@ -24,7 +24,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-METHODS = ("wavelet", "adain", "lab", "none")
 WAVELET_LEVELS = 5
 ADAIN_EPS = 1e-5
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
@@ -94,15 +93,26 @@ def _lab_fix(x: torch.Tensor, ref: torch.Tensor, match_luminance: bool) -> torch
     return lab_to_rgb(lx).mul(2.0).sub(1.0)
 
 
+def _wavelet_fix(x: torch.Tensor, ref: torch.Tensor, match_luminance: bool) -> torch.Tensor:
+    return x - wavelet_low(x) + wavelet_low(ref)
+
+
+def _adain_fix(x: torch.Tensor, ref: torch.Tensor, match_luminance: bool) -> torch.Tensor:
+    return _adain(x, ref)
+
+
+# The modes by name, in the order the node lists them: fix(x, ref, match_luminance) on [n, 3, H, W] chunks; "none"
+# copies x. The one declaration of the modes: the node's choices, the CLI's and the request's check read it, so a new
+# mode is one entry here.
+METHODS = {"wavelet": _wavelet_fix, "adain": _adain_fix, "lab": _lab_fix, "none": None}
+
+
 def _fix_frames(x: torch.Tensor, ref: torch.Tensor, method: str, match_luminance: bool) -> torch.Tensor:
     """x, ref [n, 3, H, W] compute dtype -> fixed [n, 3, H, W]."""
-    if method == "wavelet":
-        return x - wavelet_low(x) + wavelet_low(ref)
-    if method == "adain":
-        return _adain(x, ref)
-    if method == "lab":
-        return _lab_fix(x, ref, match_luminance)
-    raise ValueError(unknown_method(method))
+    fix = METHODS.get(method) if isinstance(method, str) else None
+    if fix is None:
+        raise ValueError(unknown_method(method))
+    return fix(x, ref, match_luminance)
 
 
 def unknown_method(method) -> str:
@@ -122,10 +132,10 @@ def color_fix(x: torch.Tensor, ref: torch.Tensor, method: str = "wavelet", *, ma
         raise ValueError(f"colour fix needs x and ref of one shape [3, frames, H, W], got {tuple(x.shape)} and "
                          f"{tuple(ref.shape)}")
     if out is None:
-        out = x.clone() if method == "none" else torch.empty_like(x)
+        out = x.clone() if METHODS[method] is None else torch.empty_like(x)
     elif out.shape != x.shape:
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(x.shape)}")
-    if method == "none":
+    if METHODS[method] is None:
         if out.data_ptr() != x.data_ptr():
             out.copy_(x)
         return out

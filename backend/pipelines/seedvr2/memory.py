@@ -35,7 +35,8 @@ import os
 from dataclasses import dataclass
 
 from ...errors import RequestError
-from .request import MIN_VAE_TILE
+from .batches import MIN_BATCH as MIN_SEVERAL, latent_frames, padded_frames  # noqa: F401 - the one frame rule
+from .options import MIN_VAE_TILE
 
 GIB = 1024**3
 HEADROOM = 0.90  # of the free memory: the allocator's fragmentation and the kernels' workspaces
@@ -51,7 +52,6 @@ AUTO_TILED_BATCH = 21  # with batch frames on auto, a suggested VAE tile fits a 
 RELEASED_VAE_CHANNELS = 128  # the released VAE's full-resolution channels, what the per-pixel bytes were measured on
 SINK_SLOT_FRAMES = 2 * 16  # StreamingVideoSaver: 2 slots of DEFAULT_CHUNK_FRAMES uint8 frames
 ENCODER_BYTES_PER_PIXEL = 256  # x264's frames in flight (see the module docstring)
-MIN_SEVERAL = 5  # the smallest batch when a video needs several (batches.MIN_BATCH)
 
 
 def _size(n: float) -> str:
@@ -118,16 +118,6 @@ def _cgroup_reclaimable() -> int:
     return 0
 
 
-def padded_frames(frames: int) -> int:
-    """`frames` padded to 4n+1 (at least 1)."""
-    return ((max(frames, 1) - 1 + 3) // 4) * 4 + 1
-
-
-def latent_frames(frames: int) -> int:
-    """Latent frames of `frames` video frames (padded to 4n+1 first)."""
-    return (frames - 1 + 3) // 4 + 1
-
-
 def dit_token_bytes(config, act_bytes: int) -> int:
     """Peak bytes one video token costs inside a DiT block (see the module docstring)."""
     inner = config.heads * config.head_dim
@@ -181,7 +171,7 @@ def batch_memory(config, frames: int, height: int, width: int, in_height: int, i
                  vae_act_bytes: int, world: int = 1, vae_tile: int = 0, *, vae_scale: float = 1.0) -> BatchMemory:
     tokens = latent_frames(frames) * (height // 16) * (width // 16)
     per_rank = -(-tokens // world) * (11 if world > 1 else 10) // 10
-    padded = ((frames - 1 + 3) // 4) * 4 + 1
+    padded = padded_frames(frames)
     # The model-size input, alive until the colour fix; with several ranks each holds only its own time slices'
     # frames (and decodes only those), while rank 0 receives the whole uint8 result.
     video = -(-3 * padded * height * width * vae_act_bytes // world)
@@ -203,7 +193,7 @@ def largest_batch(config, total_frames: int, height: int, width: int, in_height:
     """The largest 4n+1 batch (<= the padded video) that fits `free_bytes` besides `reserved` bytes, or 0 when none
     does (a video of several frames needs batches of at least MIN_SEVERAL)."""
     budget = free_bytes * HEADROOM - reserved
-    cap = ((max(total_frames, 1) - 1 + 3) // 4) * 4 + 1
+    cap = padded_frames(total_frames)
     best = 0
     for frames in range(1, cap + 1, 4):
         if batch_memory(config, frames, height, width, in_height, in_width, act_bytes, vae_act_bytes,
@@ -233,7 +223,7 @@ def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, b
                      vae_scale: float = 1.0) -> int:
     """The largest VAE tile (a multiple of VAE_TILE_STEP px, at least MIN_VAE_TILE, that cuts the frame) whose encode
     and decode of a batch of `frames` fit `budget` bytes with the batch's video tensors, or 0 when none does."""
-    padded = ((frames - 1 + 3) // 4) * 4 + 1
+    padded = padded_frames(frames)
     video = 3 * padded * height * width * vae_act_bytes
     tensors = max(video, 2 * video + frames * height * width * 3)
     tile = (max(height, width) - 1) // VAE_TILE_STEP * VAE_TILE_STEP

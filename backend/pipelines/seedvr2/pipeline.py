@@ -17,7 +17,7 @@ import torch
 from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
-from .batches import StreamBlender, plan_batches
+from .batches import StreamBlender, padded_frames, plan_batches
 from .memory import check_fits, check_host, host_free_bytes, sink_bytes_per_pixel, vae_scale
 from .preprocess import plan_geometry
 from .request import UpscaleRequest, UpscaleResult
@@ -83,7 +83,7 @@ class SeedVR2Pipeline:
             check_host(*geometry.output, sink, host_free, what)
         batch = check_fits(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
                            act, vae_act, device_free, world, req.vae_tile, **model)
-        batch = min(batch, ((req.num_frames - 1 + 3) // 4) * 4 + 1)
+        batch = min(batch, padded_frames(req.num_frames))
         overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
         return geometry, plan_batches(req.num_frames, batch, overlap if req.num_frames > batch else 0)
 

@@ -27,11 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import RequestError
+from .batches import padded_frames
+from .options import EDGE_MODES as FITS, MAX_SIDE, MIN_SIDE  # the output's bounds and fits are the options'
 
 MULTIPLE = 16  # VAE /8 then patch 2: the model's pixel grid
-MIN_SIDE = 16
-MAX_SIDE = 8192
-FITS = ("pad", "crop")
 DEFAULT_CHUNK_BYTES = 256 * 1024 * 1024
 
 HW = Tuple[int, int]
@@ -136,7 +135,7 @@ def padded_frame_count(frames: int) -> int:
     """Frames the model sees for `frames` input frames: 1 stays 1, else the next 4n+1 (official)."""
     if frames < 1:
         raise RequestError(f"SeedVR2 input has {frames} frames; at least 1 is needed.")
-    return frames if frames == 1 else frames + (-(frames - 1)) % 4
+    return padded_frames(frames)
 
 
 def _frames_per_chunk(pixels_per_frame: int, chunk_bytes: int, chunk_frames: Optional[int]) -> int:

@@ -23,6 +23,7 @@ import torch
 from ...models.seedvr2.vae import LATENT_SCALE
 from ...models.seedvr2.vae_tiling import tiled_decode, tiled_encode
 from ...parallel import vae_shard
+from .batches import latent_frames
 from .colorfix import color_fix
 from .preprocess import Geometry, padded_frame_count, prepare_frames, prepare_video, uint8_frames
 
@@ -151,7 +152,7 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
     dev = c.device
     n = frames.shape[0]
     padded = padded_frame_count(n)
-    t_lat = (padded - 1) // 4 + 1
+    t_lat = latent_frames(padded)
     h, w = geometry.model[0] // 8, geometry.model[1] // 8
     eps, x_t = noise if noise is not None else (None, None)
     if eps is None:  # drawn whole on every rank, in the one-rank order (eps, then x_T); each rank reads its slices

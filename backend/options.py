@@ -1,0 +1,190 @@
+"""A user-facing option, declared once: the node input, the CLI flag and the one rule that checks a value all come
+from its `Option`. Each family declares its options in `pipelines/<family>/options.py`; the nodes, the CLI, the
+engine config and the request read them from there.
+
+Rules: `Option.error(value)` is the only check of a value (type, range, choices, then the option's own `rule`);
+the boundary that builds a request or an engine config calls it once, and the layers below trust what passed.
+`minimum` / `maximum` are inclusive; `step` only shapes the widget (ComfyUI does not enforce it). A rule that
+relates two options (overlap below batch_frames) belongs to the request's `validate`, stated once there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
+
+from .errors import RequestError
+
+UNSET = object()  # add_flag's "the option's own default"
+KINDS = {"int": "INT", "float": "FLOAT", "bool": "BOOLEAN", "string": "STRING", "choice": None}
+
+
+@dataclass(frozen=True)
+class Option:
+    """name: the node input's name (snake_case); kind: one of KINDS; default: the node's and the CLI's; tooltip:
+    the node's text (the CLI's too unless `help` is given); choices: a "choice" option's values, or a callable
+    returning them (lists that depend on the installation, such as attention backends); rule: value -> None, or
+    what is wrong (a sentence naming nothing: `error` prefixes the option's label); stage: who consumes it
+    ("request" or "engine"); flag: the CLI flag ("" derives --name-with-dashes, None: no flag); label: how messages
+    name it (default: the name, or the table's pattern); message: the sentence for a value out of range or not
+    among the choices, a template of {label}, {value}, {range}, {minimum}, {maximum}; widget: extra V1 widget keys
+    (multiline, ...)."""
+
+    name: str
+    kind: str
+    default: Any
+    tooltip: str
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    choices: tuple | Callable[[], Iterable] = ()
+    rule: Callable[[Any], str | None] | None = None
+    stage: str = "request"
+    flag: str | None = ""
+    help: str = ""
+    label: str = ""
+    message: str = ""
+    widget: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"option {self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.stage not in ("request", "engine"):
+            raise ValueError(f"option {self.name}: stage must be 'request' or 'engine', got {self.stage!r}")
+
+    def with_(self, **changes) -> "Option":
+        """The same option with some fields changed (a node's own tooltip for a shared option)."""
+        return replace(self, **changes)
+
+    @property
+    def values(self) -> tuple:
+        """A choice option's values, in order."""
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
+    @property
+    def cli_flag(self) -> str | None:
+        return None if self.flag is None else (self.flag or "--" + self.name.replace("_", "-"))
+
+    def range_text(self) -> str:
+        """The allowed values in a few characters: "0..4097", "one of a, b", "" for free text / booleans."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(map(str, self.values))
+        if self.kind in ("int", "float") and (self.minimum is not None or self.maximum is not None):
+            lo = "" if self.minimum is None else _number_text(self.minimum)
+            hi = "" if self.maximum is None else _number_text(self.maximum)
+            return f"{lo}..{hi}"
+        return ""
+
+    def error(self, value) -> str | None:
+        """None when `value` passes this option's one rule, else the sentence saying what to change."""
+        label = self.label or self.name
+        if self.kind in ("int", "float"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"{label} must be a number, got {value!r}."
+            if not math.isfinite(value):
+                return f"{label} must be a finite number, got {value}."
+            if self.kind == "int" and not float(value).is_integer():
+                return f"{label} must be a whole number, got {value!r}."
+            if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
+                return self._refusal(label, value)
+        elif self.kind == "bool" and not isinstance(value, bool):
+            return f"{label} must be true or false, got {value!r}."
+        elif self.kind == "string" and not isinstance(value, str):
+            return f"{label} must be text, got {type(value).__name__}."
+        elif self.kind == "choice" and value not in self.values:
+            return self._refusal(label, value)
+        return self.rule(value) if self.rule is not None else None
+
+    def _refusal(self, label: str, value) -> str:
+        if self.message:
+            return self.message.format(label=label, value=value, range=self.range_text(), minimum=self.minimum,
+                                       maximum=self.maximum)
+        if self.kind == "choice":
+            return f"{label} must be {self.range_text()}, got {value!r}."
+        return f"{label} must be in {self.range_text()}, got {_number_text(value)}."
+
+    def check(self, value):
+        """`value` when it passes, else RequestError with `error`'s sentence."""
+        problem = self.error(value)
+        if problem:
+            raise RequestError(problem)
+        return value
+
+    def input_spec(self) -> tuple:
+        """The V1 node input: (TYPE or the choice list, {default, min, max, step, tooltip, ...})."""
+        spec: dict = {"default": self.default}
+        if self.kind in ("int", "float"):
+            spec.update({k: v for k, v in (("min", self.minimum), ("max", self.maximum), ("step", self.step))
+                         if v is not None})
+        spec.update(self.widget)
+        spec["tooltip"] = self.tooltip
+        return (list(self.values) if self.kind == "choice" else KINDS[self.kind]), spec
+
+    def add_flag(self, parser, default=UNSET, help: str | None = None, **extra) -> None:
+        """The CLI flag, converted to the option's type as argparse reads it; the value is checked by `error` where
+        the request or engine config is built (one rule, one line on the terminal). --help shows the range and the
+        default. `default` / `help`: the CLI's own where they differ (e.g. None: "not given")."""
+        text = help or self.help or self.tooltip
+        rng = self.range_text()
+        if rng and self.kind != "choice" and rng not in text:
+            text += f" Range {rng}."
+        if self.kind == "bool":
+            parser.add_argument(self.cli_flag, dest=self.name, action="store_true", help=text, **extra)
+            return
+        kwargs: dict = {"dest": self.name, "default": self.default if default is UNSET else default, "help": text}
+        if self.kind == "choice":
+            kwargs["choices"] = list(self.values)
+        elif self.kind in ("int", "float"):
+            kwargs["type"] = {"int": int, "float": float}[self.kind]
+            kwargs["metavar"] = "N" if self.kind == "int" else "X"
+        kwargs.update(extra)
+        parser.add_argument(self.cli_flag, **kwargs)
+
+
+def _number_text(value) -> str:
+    if value == 2**64 - 1:
+        return "2^64-1"  # the seed's bound
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+class OptionTable:
+    """A family's options by name, in declaration order."""
+
+    def __init__(self, *options: Option, label: str = "{name}"):
+        """`label`: how messages name an option that has no label of its own ("SeedVR2 Upscale's {name}")."""
+        self._options = {o.name: o if o.label else o.with_(label=label.format(name=o.name)) for o in options}
+        if len(self._options) != len(options):
+            raise ValueError("two options share a name")
+
+    def __getitem__(self, name: str) -> Option:
+        return self._options[name]
+
+    def __iter__(self):
+        return iter(self._options.values())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._options
+
+    def names(self, stage: str | None = None) -> tuple:
+        return tuple(o.name for o in self if stage is None or o.stage == stage)
+
+    def inputs(self, *names: str, **overrides: Option) -> dict:
+        """V1 node inputs for `names`, in that order; `overrides` replace an option for this node (its own
+        tooltip)."""
+        return {n: overrides.get(n, self[n]).input_spec() for n in names}
+
+    def add_flags(self, parser, *names: str, **defaults) -> None:
+        """CLI flags for `names` (those that have one); `defaults`: the CLI's own default of some."""
+        for n in names:
+            if self[n].cli_flag is not None:
+                self[n].add_flag(parser, default=defaults.get(n, UNSET))
+
+    def check(self, values: Mapping[str, Any]) -> None:
+        """RequestError with the first failing option's sentence, over the options named in `values`."""
+        for name, value in values.items():
+            self[name].check(value)
+
+
+# Options every family shares
+SEED = Option("seed", "int", 0, "Same seed and settings -> the same result.", minimum=0, maximum=2**64 - 1)

@@ -1,0 +1,90 @@
+"""SeedVR2's user-facing options, each declared once (backend/options.py): SeedVR2 Upscale's inputs and
+`python -m comfyui_h3 upscale`'s flags are made from these, and UpscaleRequest.validate checks a request with their
+rules. A new colour-fix mode is one entry in colorfix.METHODS; a new option is one Option here plus the node's and
+the CLI's lists of names (and its request field)."""
+
+from __future__ import annotations
+
+from ...options import SEED, Option, OptionTable
+from .colorfix import METHODS
+
+COLOR_FIXES = METHODS  # the modes by name (read when a list is made: a mode added there shows everywhere)
+EDGE_MODES = ("pad", "crop")  # making the size a multiple of 16: replicate-pad (cropped back after) or centre-crop
+TARGETS = ("scale", "short side", "width x height")
+MIN_SCALE, MAX_SCALE = 0.25, 8.0
+MIN_SIDE, MAX_SIDE = 16, 8192
+MIN_VAE_TILE = 128  # px; smaller tiles see too little of the frame (and a tile this small always fits)
+MIN_BATCH_FRAMES = 5  # several batches need a latent frame of history besides the first; one frame is auto's anyway
+MAX_BATCH_FRAMES = 4097
+MAX_OVERLAP = 64
+
+
+def batch_frames_rule(value) -> str | None:
+    """0 (auto: as many as fit) or 4n+1 from MIN_BATCH_FRAMES, whatever the video's length (the range is the
+    option's); the sentence names the nearest sizes allowed."""
+    value = int(value)
+    if value == 0 or value % 4 == 1 and value >= MIN_BATCH_FRAMES:
+        return None
+    if value < MIN_BATCH_FRAMES:
+        hint = f"0 for auto or {MIN_BATCH_FRAMES} (a single image is one batch either way)"
+    else:
+        lower = value - (value - 1) % 4
+        hint = f"{lower} or {lower + 4}"
+    return (f"Batch frames must be 4n+1 from {MIN_BATCH_FRAMES} to {MAX_BATCH_FRAMES} ({MIN_BATCH_FRAMES}, 9, 13, "
+            f"17, 21, ...) or 0 for auto, got {value}: use {hint}.")
+
+
+def vae_tile_rule(value) -> str | None:
+    if value == 0 or (value >= MIN_VAE_TILE and value % 8 == 0):
+        return None
+    return f"VAE tile {value} must be 0 (off) or a multiple of 8 from {MIN_VAE_TILE} to {MAX_SIDE} pixels."
+
+
+def _side(name: str, default: int, tooltip: str, message: str) -> Option:
+    return Option(name, "int", default, tooltip, minimum=MIN_SIDE, maximum=MAX_SIDE, step=2, message=message)
+
+
+UPSCALE = OptionTable(
+    Option("target", "choice", "scale", choices=TARGETS, flag=None, tooltip=(
+        "How the output size is given: scale (x the input), short side (pixels of the shorter side, aspect kept) or "
+        "width x height (stretched to it). The other size widgets are ignored.")),
+    Option("scale", "float", 2.0, "target scale: output size = input size x this.", minimum=MIN_SCALE,
+           maximum=MAX_SCALE, step=0.05, help="Output size = input size x this (default 2).",
+           message="Scale {value} is out of range; use a value in {range}."),
+    _side("short_side", 1080, "target short side: the output's shorter side in pixels.",
+          "Short side {value} is out of range; use {range} pixels."),
+    _side("width", 1920, "target width x height: the output width in pixels.",
+          "Target width {value} is out of range; use {range} pixels."),
+    _side("height", 1080, "target width x height: the output height in pixels.",
+          "Target height {value} is out of range; use {range} pixels."),
+    Option("batch_frames", "int", 0, minimum=0, maximum=MAX_BATCH_FRAMES, rule=batch_frames_rule,
+           message="Batch frames must be 0 (auto) or 4n+1 from 5 to {maximum}, got {value}: use 0 for auto, or up to "
+                   "{maximum}.",
+           tooltip="Frames restored together: 0 = auto (as many as fit in memory), or 4n+1 from 5 (5, 9, 13, 17, 21, "
+                   "...). Below 17 the frames of a batch no longer attend to each other in time (more flicker)."),
+    Option("overlap", "int", 8, minimum=0, maximum=MAX_OVERLAP,
+           message="Overlap {value} must be in {range} frames (and smaller than the batch).",
+           tooltip="Frames shared by consecutive batches, cross-faded so the seams do not show (a multiple of 4 "
+                   "aligns with the latent frames). Must be smaller than batch_frames."),
+    Option("color_fix", "choice", "wavelet", choices=COLOR_FIXES, message="Colour fix {value!r} is not {range}.", tooltip=(
+               "Colour correction toward the input: wavelet (the official one: the input's low frequencies, the "
+               "model's details), adain (per-channel mean/std), lab (colour channels matched in Lab), none.")),
+    SEED.with_(tooltip="Noise of the one diffusion step; same seed and settings -> the same result.",
+               message="Seed {value} must be in 0..2^64-1."),
+    Option("edge", "choice", "pad", choices=EDGE_MODES, message="Edge mode {value!r} is not {range}.", help="Reaching a multiple of 16 px: pad the edges (cropped back after) or "
+           "crop them.", tooltip=(
+               "The model works on multiples of 16 px. pad: extend the edges, run, crop back (the exact size, nothing "
+               "lost). crop: cut the few border pixels instead.")),
+    Option("fps", "float", 24.0, "Frame rate of the output for images; a connected video keeps its own.",
+           minimum=0.01, maximum=240.0, step=0.001, flag=None),
+    Option("vae_tile", "int", 0, minimum=0, maximum=MAX_SIDE, step=8, rule=vae_tile_rule,
+           message="VAE tile {value} must be 0 (off) or a multiple of 8 from 128 to {maximum} pixels.",
+           help="VAE encode/decode in tiles of at most N pixels a side (a multiple of 8, >= 128; one GPU), for outputs "
+                "whose frames do not fit the GPU whole (e.g. 4K): close to, not equal to, the whole pass. 0: whole "
+                "frames.",
+           tooltip="0 = off. Otherwise the VAE encodes and decodes each frame in overlapping tiles of at most this "
+                   "many pixels a side (a multiple of 8, at least 128; one GPU only), for outputs whose frames do not "
+                   "fit the GPU whole, e.g. 4K. Close to, not equal to, the whole-frame result, and slower; a memory "
+                   "error names the largest tile that fits."),
+    label="SeedVR2 Upscale's {name}",
+)
