@@ -28,8 +28,9 @@ class Option:
     what is wrong (a sentence naming nothing: `error` prefixes the option's label); stage: who consumes it
     ("request" or "engine"); flag: the CLI flag ("" derives --name-with-dashes, None: no flag); label: how messages
     name it (default: the name, or the table's pattern); message: the sentence for a value out of range or not
-    among the choices, a template of {label}, {value}, {range}, {minimum}, {maximum}; widget: extra V1 widget keys
-    (multiline, ...)."""
+    among the choices, a template of {label}, {value}, {range}, {minimum}, {maximum}; unset: the widget value that
+    means "not given" (a shift's 0: the model folder's), which `value` turns into None and `error` passes, as it
+    passes None; widget: extra V1 widget keys (multiline, ...)."""
 
     name: str
     kind: str
@@ -45,6 +46,7 @@ class Option:
     help: str = ""
     label: str = ""
     message: str = ""
+    unset: Any = UNSET
     widget: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
@@ -76,9 +78,18 @@ class Option:
             return f"{lo}..{hi}"
         return ""
 
+    def value(self, given):
+        """The request's value for a widget / flag value: None for the unset value, else `given`."""
+        return None if self.is_unset(given) else given
+
+    def is_unset(self, given) -> bool:
+        return self.unset is not UNSET and (given is None or given == self.unset)
+
     def error(self, value) -> str | None:
         """None when `value` passes this option's one rule, else the sentence saying what to change."""
         label = self.label or self.name
+        if self.is_unset(value):
+            return None
         if self.kind in ("int", "float"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"{label} must be a number, got {value!r}."
@@ -121,25 +132,41 @@ class Option:
         spec["tooltip"] = self.tooltip
         return (list(self.values) if self.kind == "choice" else KINDS[self.kind]), spec
 
-    def add_flag(self, parser, default=UNSET, help: str | None = None, **extra) -> None:
+    def add_flag(self, parser, default=UNSET, help: str | None = None, checked: bool = False, **extra) -> None:
         """The CLI flag, converted to the option's type as argparse reads it; the value is checked by `error` where
-        the request or engine config is built (one rule, one line on the terminal). --help shows the range and the
+        the request or engine config is built (one rule, one line on the terminal), or, `checked`, by argparse as
+        it reads the flag (for an engine option refused before any input is read). --help shows the range and the
         default. `default` / `help`: the CLI's own where they differ (e.g. None: "not given")."""
         text = help or self.help or self.tooltip
-        rng = self.range_text()
-        if rng and self.kind != "choice" and rng not in text:
+        rng = self.range_text() if self.kind in ("int", "float") else ""  # a choice's list: argparse shows it
+        if rng and rng not in text:
             text += f" Range {rng}."
         if self.kind == "bool":
             parser.add_argument(self.cli_flag, dest=self.name, action="store_true", help=text, **extra)
             return
         kwargs: dict = {"dest": self.name, "default": self.default if default is UNSET else default, "help": text}
-        if self.kind == "choice":
+        if self.kind == "choice" and "choices" not in extra:
             kwargs["choices"] = list(self.values)
         elif self.kind in ("int", "float"):
             kwargs["type"] = {"int": int, "float": float}[self.kind]
             kwargs["metavar"] = "N" if self.kind == "int" else "X"
+        if checked:
+            kwargs["type"] = self._checked_text
         kwargs.update(extra)
         parser.add_argument(self.cli_flag, **kwargs)
+
+
+    def _checked_text(self, text: str):
+        import argparse
+
+        try:
+            value = {"int": int, "float": float}.get(self.kind, str)(text)
+        except ValueError:
+            value = text
+        problem = self.error(value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
 
 
 def _number_text(value) -> str:

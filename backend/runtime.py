@@ -3,9 +3,9 @@
 nothing below a family passes rank/world ints, backend names or dtype strings around.
 
 WeightPolicy is how weights are stored and where they live, applied by the family's one loader. Compute dtype is
-separate and explicit: a weight's dtype never decides the arithmetic. Today weights are stored in the compute dtype
-(the checkpoint's float32-only modules stay float32) and stay resident on the device; FP8 storage, AdaLN tables in
-place of projection weights and blocks streamed from pinned host memory are further values of the same two fields.
+separate and explicit: a weight's dtype never decides the arithmetic. By default weights are stored in the compute
+dtype (the checkpoint's float32-only modules stay float32) and stay resident on the device; FP8 storage and blocks
+streamed from pinned host memory are the shared alternatives, and a family's own policies extend the class.
 """
 
 from __future__ import annotations
@@ -21,34 +21,25 @@ from .parallel.context import ParallelContext
 # scales, run through torch._scaled_mm (CUDA, compute capability 8.9+; models/fp8_linear.py). "fp8_emulated": the
 # same quantisation with dequantised fp32 matmuls on any device, for tests and CI (not offered to users).
 STORAGES = ("compute", "fp8", "fp8_emulated")
-# "resident": every weight on the rank's device for the engine's life; "offload": DiT blocks in pinned host memory,
-# `resident_blocks` of them kept on the device (None: as many as fit the request's shape), the rest streamed; the
-# other models visit the device for their stage (pipelines/h3/offload.py).
+# "resident": every weight on the rank's device for the engine's life; "offload": the main model's blocks in pinned
+# host memory, streamed to the device as they run (models/block_offload.py; a family that opts in says how many stay).
 PLACEMENTS = ("resident", "offload")
-# AdaLN modulation: "direct" projects every step from resident weights; "cache": per-step modulation tables built
-# ahead on the device, the projection weights in (pinned) host memory (families that have no AdaLN ignore it).
-ADALN_MODES = ("direct", "cache")
 
 
 @dataclass(frozen=True)
 class WeightPolicy:
+    """The capabilities families share: how weights are stored and where they live. A family with policies of its
+    own (H3's AdaLN tables and block residency: pipelines/h3/weights.py) extends this class; which values a family
+    can apply is its own check."""
+
     storage: str = "compute"
     placement: str = "resident"
-    adaln: str = "direct"
-    resident_blocks: int | None = None  # placement "offload": DiT blocks kept on the device; None = auto
 
     def validate(self) -> None:
         if self.storage not in STORAGES:
             raise ValueError(f"weight storage must be one of {STORAGES}, got {self.storage!r}.")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"weight placement must be one of {PLACEMENTS}, got {self.placement!r}.")
-        if self.resident_blocks is not None and (self.placement != "offload" or isinstance(self.resident_blocks, bool)
-                                                 or not isinstance(self.resident_blocks, int)
-                                                 or self.resident_blocks < 0):
-            raise ValueError(f"resident_blocks is a number >= 0 with placement 'offload' (None: auto), got "
-                             f"{self.resident_blocks!r} with placement {self.placement!r}.")
-        if self.adaln not in ADALN_MODES:
-            raise ValueError(f"AdaLN mode must be one of {ADALN_MODES}, got {self.adaln!r}.")
 
 
 @dataclass

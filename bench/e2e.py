@@ -212,7 +212,7 @@ def log(rank: int, text: str) -> None:
 def our_config(args, folder, device, world: int = 1, port: int = 0):
     """The engine config our side runs: what a loader node / the CLI would build for this machine."""
     from comfyui_h3.backend.pipelines.h3.family import h3_config
-    from comfyui_h3.backend.runtime import WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
     weights = WeightPolicy(adaln="cache" if args.adaln_cache else "direct", storage="fp8" if args.fp8 else "compute")
     compile_ = "off" if args.no_compile or device.type != "cuda" else "on"

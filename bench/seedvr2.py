@@ -221,7 +221,7 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
     import torch.distributed as dist
 
     from comfyui_h3.backend.parallel.context import ParallelContext
-    from comfyui_h3.backend.parallel.window_shard import ShardedWindowRouting, plan_report
+    from comfyui_h3.backend.parallel.seedvr2_window_shard import ShardedWindowRouting, plan_report
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if args.tiny:  # CPU ranks: a smoke run of the --pipeline code
@@ -287,7 +287,7 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
 
 def _sp_pipeline(rank: int, world: int, args, dev) -> None:
     """sp --pipeline: the whole upscale on `world` ranks (window SP for the DiT, the VAE spread over the ranks by
-    backend/parallel/vae_shard.py): seconds per stage and peak memory of every rank; unless --skip-single, rank 0 first
+    backend/parallel/seedvr2_vae_shard.py): seconds per stage and peak memory of every rank; unless --skip-single, rank 0 first
     runs it alone (the one-GPU reference: its stages, and the uint8 difference of the outputs)."""
     import tempfile
     from types import SimpleNamespace

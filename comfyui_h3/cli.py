@@ -50,16 +50,6 @@ def _count_arg(text: str) -> int:
     return value
 
 
-def _resident_blocks_arg(text: str) -> str:
-    from .backend.pipelines.h3.offload import parse_resident_blocks
-
-    try:
-        parse_resident_blocks(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def resolve_device(name: str) -> str:
     """--device -> the engine's device: auto is CUDA when a GPU is visible, else the CPU."""
     if name == "cpu":
@@ -94,50 +84,37 @@ def _model_option(p) -> None:
     p.add_argument("--tokenizer", default=None, metavar="DIR",
                    help="With --model release: a Qwen tokenizer folder (vocab.json, merges.txt, "
                         "tokenizer_config.json), e.g. ComfyUI/comfy/text_encoders/qwen25_tokenizer.")
-    p.add_argument("--adaln-cache", action="store_true",
-                   help="Hold each step's AdaLN modulation tables on the device and the AdaLN projection weights "
-                        "(~24 GB of the released model) in host memory; same output bit for bit.")
-    p.add_argument("--resident-blocks", default="all", type=_resident_blocks_arg, metavar="all|auto|N",
-                   help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
-                        "request's activations, the rest streamed from pinned host memory while earlier blocks "
-                        "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is short); "
-                        "or a number (0 streams every block). For GPUs smaller than the model.")
-    p.add_argument("--attention", default="sdpa",
-                   help="Attention backend (see the loader node's list); vsa: Video Sparse Attention, with "
-                        "--vsa-topk and --vsa-dense-steps.")
-    p.add_argument("--vsa-topk", type=float, default=None, metavar="K",
-                   help="With --attention vsa: video tiles (4x4x4) each video tile attends, a count (>= 1) or a "
-                        "fraction of the tiles (< 1; default 0.1).")
-    p.add_argument("--vsa-dense-steps", type=float, default=None, metavar="N",
-                   help="With --attention vsa: steps run dense first, a count (>= 1) or a fraction of the steps "
-                        "(< 1; default 0.25).")
+    from .backend.pipelines.h3.options import ENGINE
+
+    ENGINE.add_flags(p, "adaln_cache")
+    ENGINE["resident_blocks"].add_flag(p, checked=True, metavar="all|auto|N")  # refused before any input is read
+    ENGINE["attention"].add_flag(p, choices=None)  # any registered name: its rule runs when the config is built
+    ENGINE.add_flags(p, "vsa_topk", "vsa_dense_steps", vsa_topk=None, vsa_dense_steps=None)  # None: not given
     p.add_argument("--fasth3", default=None, metavar="FILE|tiny",
                    help="FastH3, FastVideo's 4-step student: its adapter_model.safetensors (vsa-datafree: needs "
                         "--attention vsa; or dense-datafree), fused into transformer/ at load; 'tiny': the built-in "
                         "test student for the tiny model. generate then samples text-to-video on its 4-step "
                         "schedule.")
-    p.add_argument("--fp8", action="store_true",
+    p.add_argument("--fp8", action="store_true",  # the weights option's fp8 (bf16 without the flag)
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "
                         "(compute capability 8.9+: RTX 40xx, L4/L40, H100/H200 or newer) and bfloat16.")
 
 
-def _sampling_options(p, steps_help: str = "Denoising steps (model evaluations).") -> None:
-    p.add_argument("--steps", type=int, default=50, help=steps_help)
-    p.add_argument("--seed", type=int, default=0, help="Same seed and inputs -> the same result.")
-    p.add_argument("--video-shift", type=float, default=None,
-                   help="Video schedule shift. Default: the model folder's (scheduler/scheduler_config.json; 12 for "
-                        "the release).")
-    p.add_argument("--audio-shift", type=float, default=None,
-                   help="Audio schedule shift. Default: the model folder's (audio_scheduler/scheduler_config.json; 3 "
-                        "for the release).")
+def _sampling_options(p, steps_help: str = "") -> None:
+    from .backend.pipelines.h3.options import SAMPLING
+
+    SAMPLING["steps"].add_flag(p, help=steps_help or None)
+    SAMPLING["seed"].add_flag(p, help="Same seed and inputs -> the same result.")
+    SAMPLING.add_flags(p, "video_shift", "audio_shift", video_shift=None, audio_shift=None)  # None: the folder's
 
 
 def _device_options(p) -> None:
     p.add_argument("--device", default="auto", type=_device_arg,
                    help="auto (the first CUDA GPU when there is one, else the CPU), cpu, cuda or cuda:N.")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="Default: bfloat16 on CUDA, float32 on the CPU.")
+    from .backend.pipelines.h3.options import ENGINE
+
+    ENGINE["dtype"].add_flag(p, default=None)
 
 
 def _latents_option(p, what: str = "the final latents") -> None:

@@ -34,7 +34,7 @@ def load_mask(path: str) -> np.ndarray:
 
         frames = decode_video(path).frames.numpy().astype(np.float32)
         mask = frames @ np.array([0.299, 0.587, 0.114], dtype=np.float32)  # BT.601 luma, 0..255
-    from .backend.pipelines.h3.finite import check_finite
+    from .backend.finite import check_finite
 
     check_finite(mask, f"mask in {path}")  # np.clip keeps NaN: refuse it here, naming the file
     if mask.dtype == np.uint8 or (mask.size and mask.max() > 1.0):

@@ -10,7 +10,7 @@ import sys
 
 def build_request(args, out_path: str):
     from .backend.media.decode import decode_audio, decode_video
-    from .backend.pipelines.h3.extension_plan import added_frames_for
+    from .backend.pipelines.h3.extension_plan import frames_to_add
     from .backend.pipelines.h3.request import H3ExtendRequest
 
     if not os.path.isfile(args.video):
@@ -21,8 +21,7 @@ def build_request(args, out_path: str):
         if not os.path.isfile(args.driving_audio):
             raise FileNotFoundError(f"Driving audio not found: {args.driving_audio}")
         drive, rate = decode_audio(args.driving_audio)
-    step = args.window_frames - args.overlap_frames
-    added = args.windows * step if args.windows is not None else added_frames_for(args.seconds)
+    added = frames_to_add(args.windows, args.seconds, args.window_frames, args.overlap_frames)
     return H3ExtendRequest(
         prompts=args.prompt or [""], added_frames=added, window_frames=args.window_frames,
         overlap_frames=args.overlap_frames, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),

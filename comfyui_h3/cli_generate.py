@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -109,19 +108,21 @@ def generate(args, model_dir) -> int:
     return 0
 
 
-def attention_name(args) -> str:
-    """--attention and, for vsa, --vsa-topk / --vsa-dense-steps -> the engine config's backend name (checked)."""
-    from .backend.attention import vsa
-    from .backend.attention.registry import get_backend
-
+def attention_flags(args) -> dict:
+    """--attention, --vsa-topk, --vsa-dense-steps as the engine config builder's arguments. Unlike the loader's
+    widgets, which always carry a value, a VSA flag given without --attention vsa is a mistake worth naming."""
     name = getattr(args, "attention", "sdpa")
     topk, dense = getattr(args, "vsa_topk", None), getattr(args, "vsa_dense_steps", None)
-    if name != "vsa":
-        if topk is not None or dense is not None:
-            raise ValueError(f"--vsa-topk / --vsa-dense-steps need --attention vsa (got --attention {name}).")
-        return get_backend(name).name
-    defaults = vsa.VSASettings()
-    return vsa.spec(defaults.topk if topk is None else topk, defaults.dense_steps if dense is None else dense)
+    if name != "vsa" and (topk is not None or dense is not None):
+        raise ValueError(f"--vsa-topk / --vsa-dense-steps need --attention vsa (got --attention {name}).")
+    return {"attention": name, "vsa_topk": topk, "vsa_dense_steps": dense}
+
+
+def attention_name(args) -> str:
+    """The engine config's attention backend name for the command's flags (checked by the options' rules)."""
+    from .backend.pipelines.h3 import options
+
+    return options.attention_name(**attention_flags(args))
 
 
 def student_file(args) -> str | None:
@@ -153,18 +154,14 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     from . import comfy_services as services
     from .cli_signals import stop_requested
     from .backend.engine import EngineCancelled, get_engine
-    from .backend.pipelines.h3.family import h3_config
-    from .backend.pipelines.h3.offload import parse_resident_blocks
-    from .backend.runtime import WeightPolicy
+    from .backend.pipelines.h3.options import engine_config
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    weights = WeightPolicy(adaln="cache" if getattr(args, "adaln_cache", False) else "direct",
-                           storage="fp8" if getattr(args, "fp8", False) else "compute")
-    placement, resident = parse_resident_blocks(getattr(args, "resident_blocks", "all"))
-    weights = dataclasses.replace(weights, placement=placement, resident_blocks=resident)
-    engine = get_engine(h3_config(model_dir=model_dir, device=args.device, dtype=dtype, weights=weights,
-                                  attention=attention_name(args), student=student_file(args),
-                                  files=native_file_args(args)))
+    engine = get_engine(engine_config(
+        model_dir, **attention_flags(args), adaln_cache=getattr(args, "adaln_cache", False),
+        weights="fp8" if getattr(args, "fp8", False) else "bf16",
+        resident_blocks=getattr(args, "resident_blocks", "all"), device=args.device, dtype=dtype,
+        student=student_file(args), files=native_file_args(args)))
     reporter = services.ProgressReporter(request.steps, desc=desc)
     try:
         def progress(done, total):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from . import comfy_services as services
-from .backend.pipelines.h3.finite import check_finite
+from .backend.finite import check_finite
 from .backend.pipelines.h3.geometry import RequestError
 from .types import H3Latents
 

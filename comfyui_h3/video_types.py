@@ -342,7 +342,7 @@ def as_h3_video(video: Any) -> H3Video:
     components = video.get_components()
     images = components.images
     if images.dtype != torch.uint8:
-        from .backend.pipelines.h3.finite import check_finite
+        from .backend.finite import check_finite
 
         check_finite(images, "video's frames")  # the uint8 conversion would turn NaN into black
     frames = images if images.dtype == torch.uint8 else video_to_uint8(images)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..backend.pipelines.h3.finite import check_finite
+from ..backend.finite import check_finite
 from ..backend.pipelines.h3.request import ReferenceInput
 
 

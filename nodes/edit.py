@@ -13,8 +13,8 @@ from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform, waveform_to_audio
-from .sample import MAX_SEED, run_engine, run_summary, with_manifest
-from .widgets import SHIFT_INPUTS, steps_input
+from .sample import run_engine, run_summary, shift, with_manifest
+from .widgets import sampling_inputs
 
 
 def mask_to_array(mask) -> np.ndarray:
@@ -55,7 +55,7 @@ def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audi
         wave, sr = override
     grow, feather = edit_mask_shaping(mask, mask_grow, mask_feather)
     return H3Request(
-        prompt=prompt, steps=steps, seed=seed, video_shift=video_shift or None, audio_shift=audio_shift or None,
+        prompt=prompt, steps=steps, seed=seed, video_shift=shift(video_shift), audio_shift=shift(audio_shift),
         source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
         mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
         audio_level=None if audio_level < 0 else audio_level, mask_grow=grow, mask_feather=feather,
@@ -93,10 +93,7 @@ class H3Edit:
                 "prompt": ("STRING", {"multiline": True, "default": "",
                                       "tooltip": "The whole edited video, as you want it (for removal: the scene "
                                                  "without the object). Required."}),
-                **steps_input("Denoising steps (one model evaluation each; no CFG)."),
-                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
-                                 "tooltip": "Same seed, same inputs -> same result."}),
-                **SHIFT_INPUTS,
+                **sampling_inputs("steps", "seed", "video_shift", "audio_shift"),
                 "audio_mode": (["preset"] + list(AUDIO_MODES),
                                {"default": "preset",
                                 "tooltip": "keep: the source soundtrack stays; regenerate: new sound from the "

@@ -13,8 +13,8 @@ import torch
 
 from .. import comfy_services as services
 from ..backend.media.encode import next_free_path, release_placeholder
-from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS, added_frames_for,
-                                                   check_window_settings)
+from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, MAX_ADDED_SECONDS,
+                                                   check_window_settings, frames_to_add)
 from ..backend.pipelines.h3.geometry import FPS, RequestError
 from ..backend.pipelines.h3.request import H3ExtendRequest
 from ..extend_job import keep_partial, split_prompts, window_status
@@ -22,8 +22,8 @@ from ..types import H3Latents
 from ..video_file import H3FileVideo
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform
-from .sample import MAX_SEED, run_engine, run_summary, with_manifest
-from .widgets import SHIFT_INPUTS, steps_input
+from .sample import run_engine, run_summary, shift, with_manifest
+from .widgets import sampling_inputs
 
 PARTIAL_PREFIX = "H3/extend_partial"
 
@@ -66,10 +66,9 @@ class H3Extend:
                                 "tooltip": "continue: the soundtrack goes on, generated with the picture. lock: "
                                            "the driving audio (or the source's own soundtrack, when long enough) "
                                            "is kept as is from the start, and the picture follows it."}),
-                **steps_input("Denoising steps per window."),
-                **SHIFT_INPUTS,
-                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
-                                 "tooltip": "Same seed and settings -> the same result."}),
+                **sampling_inputs("steps", "video_shift", "audio_shift", "seed",
+                                  steps_tooltip="Denoising steps per window.",
+                                  seed_tooltip="Same seed and settings -> the same result."),
             },
             "optional": {
                 "video": ("VIDEO", {"tooltip": "The video to continue (24 fps or resampled; cut down to 17n+5 "
@@ -105,14 +104,14 @@ class H3Extend:
                 latents = native_io.from_native(native_latent)
             except RequestError as exc:
                 raise ValueError(str(exc)) from None
-        added = windows * (window_frames - overlap_frames) if windows > 0 else added_frames_for(seconds)
+        added = frames_to_add(windows, seconds, window_frames, overlap_frames)
         source = _source_fields(video, latents)
         drive = audio_to_waveform(driving_audio)
         path = next_free_path(services.temp_directory(), "h3_extend/extend", "mp4")
         request = H3ExtendRequest(
             prompts=split_prompts(prompt), added_frames=added, window_frames=window_frames,
-            overlap_frames=overlap_frames, audio_mode=audio_mode, steps=steps, video_shift=video_shift or None,
-            audio_shift=audio_shift or None, seed=seed, output_path=path,
+            overlap_frames=overlap_frames, audio_mode=audio_mode, steps=steps, video_shift=shift(video_shift),
+            audio_shift=shift(audio_shift), seed=seed, output_path=path,
             driving_audio=drive[0] if drive else None, driving_sample_rate=drive[1] if drive else None, **source)
         try:
             result = run_engine(engine, request, steps, unique_id, status=window_status(steps),

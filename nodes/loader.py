@@ -5,19 +5,13 @@ from __future__ import annotations
 
 from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
-from ..backend.attention.vsa import spec as vsa_spec
-from ..backend.attention.vsa_plan import VSASettings
-from ..backend.engine_config import DTYPES, resolve_devices  # noqa: F401 - seedvr2_loader's too
-from ..backend.pipelines.h3.family import h3_config
-from ..backend.pipelines.h3.offload import RESIDENT_BLOCKS_CHOICES, RESIDENT_BLOCKS_HELP, parse_resident_blocks
-from ..backend.runtime import WeightPolicy
+from ..backend.engine_config import resolve_devices  # noqa: F401 - seedvr2_loader's too
+from ..backend.pipelines.h3.options import ENGINE, engine_config, resident_blocks_input
 from ..native_setup import COMPONENTS as NATIVE_COMPONENTS, NATIVE_ONLY, release_model_dir
 from ..tiny_model import TINY_NAME, TINY_STUDENT_NAME, ensure_tiny_model, ensure_tiny_student
 from ..types import H3EngineHandle
 from .widgets import DEVICE_INPUT, GPUS_INPUT, attention_input, check_device, cuda_available
 
-WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' widget -> WeightPolicy.storage
-VSA_DEFAULTS = VSASettings()  # the vsa widgets' defaults
 
 
 class H3ModelLoader:
@@ -40,10 +34,7 @@ class H3ModelLoader:
                                "runs anywhere but makes noise-like video. 'none': every part from ComfyUI's native "
                                "single files (the file inputs below), with the release's configs."}),
                 **DEVICE_INPUT,
-                "dtype": (list(DTYPES), {
-                    "default": "bfloat16",
-                    "tooltip": "Compute precision of the transformer and text encoder. The checkpoint's float32 "
-                               "layers stay float32. bfloat16 is what the model was released in."}),
+                **ENGINE.inputs("dtype"),
                 **attention_input(attention_backends(), attention_descriptions()),
                 "sp_degree": ("INT", {
                     "default": 1, "min": 1, "max": 8,
@@ -62,32 +53,9 @@ class H3ModelLoader:
             },
             # Optional and appended: saved workflows keep their widget order.
             "optional": {
-                "adaln_cache": ("BOOLEAN", {
-                    "default": False,
-                    "tooltip": "Keep each step's AdaLN modulation tables on the GPU and the AdaLN projection weights "
-                               "(~24 GB of the released model) in host memory; tables are rebuilt only when a "
-                               "request brings new timesteps. Same output bit for bit. Falls back to the weights "
-                               "for a request whose tables would be larger than them."}),
-                "weights": (list(WEIGHT_FORMATS), {
-                    "default": "bf16",
-                    "tooltip": "bf16: the transformer's weights as released (in the dtype above). fp8: its blocks' "
-                               "matmul weights quantised to FP8 (e4m3, one scale per output channel) at load and "
-                               "run as FP8 matmuls with per-row activation scales on the FP8 tensor cores: the "
-                               "DiT's resident weights drop by ~19 GB (its matmul weights halve), at a small loss "
-                               "of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
-                               "and dtype bfloat16."}),
-                "resident_blocks": (list(RESIDENT_BLOCKS_CHOICES), {
-                    "default": "all", "tooltip": RESIDENT_BLOCKS_HELP}),
-                "vsa_topk": ("FLOAT", {
-                    "default": VSA_DEFAULTS.topk, "min": 0.001, "max": 100000.0, "step": 0.001,
-                    "tooltip": "With attention vsa: how many 4x4x4 video tiles each video tile attends besides the "
-                               "prompt and condition rows. Below 1: a fraction of the clip's tiles (0.1 = 10%); "
-                               "1 or more: a tile count. Ignored by the other attention kernels."}),
-                "vsa_dense_steps": ("FLOAT", {
-                    "default": VSA_DEFAULTS.dense_steps, "min": 0.0, "max": 1000.0, "step": 0.01,
-                    "tooltip": "With attention vsa: steps run with dense attention before the sparse ones. Below "
-                               "1: a fraction of the steps (0.25 = the first quarter); 1 or more: a step count. "
-                               "Ignored by the other attention kernels."}),
+                **ENGINE.inputs("adaln_cache", "weights"),
+                **resident_blocks_input(),
+                **ENGINE.inputs("vsa_topk", "vsa_dense_steps"),
                 "student": (["none", TINY_STUDENT_NAME] + services.fasth3_adapter_files(), {
                     "default": "none",
                     "tooltip": "FastH3, FastVideo's 4-step student of MiniMax-H3: its adapter_model.safetensors "
@@ -108,12 +76,6 @@ class H3ModelLoader:
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
              adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None,
              student="none", **files):
-        if weights not in WEIGHT_FORMATS:
-            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}.")
-        placement, resident = parse_resident_blocks(resident_blocks)
-        if attention == "vsa":  # its settings travel in the backend's name ("vsa:topk=..,dense=..")
-            attention = vsa_spec(VSA_DEFAULTS.topk if vsa_topk is None else vsa_topk,
-                                 VSA_DEFAULTS.dense_steps if vsa_dense_steps is None else vsa_dense_steps)
         files = {c: services.resolve_native_file(c, files[c]) for c in NATIVE_COMPONENTS
                  if files.get(c) not in (None, "", services.FROM_FOLDER)}
         if model == TINY_NAME:
@@ -133,12 +95,10 @@ class H3ModelLoader:
             raise ValueError(f"gpus is {gpus!r} but the ray executor places each rank on a GPU of its own: leave gpus "
                              "empty.")
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
-        config = h3_config(model_dir=path, device=device, dtype=dtype, attention=attention, world_size=sp_degree,
-                              executor=executor, ray_address=(ray_address or "").strip(), student=adapter,
-                              files=files,
-                              weights=WeightPolicy(adaln="cache" if adaln_cache else "direct",
-                                                   storage=WEIGHT_FORMATS[weights],
-                                                   placement=placement, resident_blocks=resident))
+        config = engine_config(path, attention=attention, vsa_topk=vsa_topk, vsa_dense_steps=vsa_dense_steps,
+                               adaln_cache=bool(adaln_cache), weights=weights, resident_blocks=resident_blocks,
+                               device=device, dtype=dtype, world_size=sp_degree, executor=executor,
+                               ray_address=(ray_address or "").strip(), student=adapter, files=files)
         config.validate()
         return (H3EngineHandle(config),)
 

@@ -9,7 +9,7 @@ from .. import comfy_services as services
 from ..backend.errors import RequestError
 from ..backend.media.mask_raster import (COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert, paint_over,
                                          parse_state, rasterize_state)
-from ..backend.pipelines.h3.finite import check_finite
+from ..backend.finite import check_finite
 from ..types import mark_mask_shaping
 from ..video_types import as_h3_video
 

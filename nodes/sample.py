@@ -9,15 +9,18 @@ from .. import comfy_services as services
 from ..backend.engine import EngineCancelled, EngineError, shutdown_all
 from ..backend.manifest import summary as manifest_summary
 from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds
+from ..backend.pipelines.h3.options import SAMPLING
 from ..backend.pipelines.h3.request import H3Request
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import build_references, single_image, waveform_to_audio
-from .widgets import SHIFT_INPUTS, steps_input
+from .widgets import sampling_inputs
 
-MAX_SEED = 2**64 - 1
+def shift(value):
+    """A shift widget's value for the request: None for its unset 0 (the model folder's)."""
+    return SAMPLING["video_shift"].value(value)
 
 
 def seconds_to_frames(seconds: float) -> int:
@@ -52,11 +55,9 @@ class H3Sample:
                                              "aspect, else 16:9 at 768 short edge)."}),
                 "height": ("INT", {"default": 0, "min": 0, "max": 4096, "step": 32,
                                    "tooltip": "Multiple of 32; 0 with width 0 = automatic."}),
-                **steps_input("Denoising steps (one model evaluation each; no CFG)."),
-                **SHIFT_INPUTS,
-                "seed": ("INT", {"default": 0, "min": 0, "max": MAX_SEED,
-                                 "tooltip": "Same seed, same inputs -> same result (matches the diffusers reference "
-                                            "with torch.Generator('cpu').manual_seed(seed))."}),
+                **sampling_inputs("steps", "video_shift", "audio_shift", "seed", seed_tooltip=(
+                    "Same seed, same inputs -> same result (matches the diffusers reference with "
+                    "torch.Generator('cpu').manual_seed(seed)).")),
             },
             "optional": {
                 "first_frame": ("IMAGE", {"tooltip": "Keyframe the video starts on (stretched onto the canvas)."}),
@@ -102,7 +103,7 @@ class H3Sample:
                 raise ValueError(str(exc)) from None
         request = H3Request(
             prompt=prompt, num_frames=frames, width=width or None, height=height or None,
-            steps=steps, video_shift=video_shift or None, audio_shift=audio_shift or None, seed=seed,
+            steps=steps, video_shift=shift(video_shift), audio_shift=shift(audio_shift), seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
             references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
         )

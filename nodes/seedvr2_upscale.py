@@ -125,7 +125,7 @@ def images_to_frames(images: torch.Tensor) -> torch.Tensor:
     """IMAGE [B, H, W, C] float 0..1 (C = 1, 3 or 4; alpha dropped, grey repeated) -> uint8 [B, H, W, 3] on the CPU,
     converted in chunks (no float copy of the batch). NaN / inf are refused: the conversion would hide them."""
     from ..backend.media.frames import video_to_uint8
-    from ..backend.pipelines.h3.finite import check_finite
+    from ..backend.finite import check_finite
 
     if images.ndim == 3:
         images = images[None]

@@ -8,7 +8,7 @@ from .. import comfy_services as services
 from ..backend.errors import RequestError
 from ..backend.media.mask_raster import COMBINE_MODES, combine_masks, fit_mask, grow_feather_invert
 from ..backend.media.track_prompts import parse_prompts
-from ..backend.pipelines.h3.finite import check_finite
+from ..backend.finite import check_finite
 from ..backend.tracking.sam_models import clear_track_models, load_track_model, pick_device
 from ..backend.tracking.sam_tracker import track_masks
 from ..tiny_model import TINY_SAM2_NAME, TINY_SAM3_NAME, ensure_tiny_sam2, ensure_tiny_sam3

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-SHIFT_INPUTS = {
-    "video_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                              "tooltip": "Flow-match sigma shift of the video schedule; 0 = the model folder's "
-                                         "(scheduler/scheduler_config.json: 12 for the release)."}),
-    "audio_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1,
-                              "tooltip": "Flow-match sigma shift of the audio schedule; 0 = the model folder's "
-                                         "(audio_scheduler/scheduler_config.json: 3 for the release)."}),
-}
+def sampling_inputs(*names: str, steps_tooltip: str = "", seed_tooltip: str = "") -> dict:
+    """The H3 nodes' steps / shift / seed widgets in the order given, from their one declaration (pipelines/h3/
+    options.py SAMPLING), with a node's own wording for steps and seed where it has one."""
+    from ..backend.pipelines.h3.options import SAMPLING
 
-
-
-def steps_input(tooltip: str) -> dict:
-    """The H3 nodes' steps widget, bounded by the request's rule (MAX_STEPS) so that no layer refuses what another
-    takes."""
-    from ..backend.pipelines.h3.request import MAX_STEPS
-
-    return {"steps": ("INT", {"default": 50, "min": 1, "max": MAX_STEPS, "tooltip": tooltip})}
+    own = {"steps": steps_tooltip, "seed": seed_tooltip}
+    return SAMPLING.inputs(*names, **{n: SAMPLING[n].with_(tooltip=t) for n, t in own.items() if t and n in names})
 
 
 DEVICES = ("auto", "cuda", "cpu")

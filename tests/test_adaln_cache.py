@@ -14,7 +14,7 @@ from comfyui_h3.backend.pipelines.h3 import adaln_cache
 from comfyui_h3.backend.pipelines.h3.adaln_cache import StepInfo
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest, H3Request
-from comfyui_h3.backend.runtime import WeightPolicy
+from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
 CACHE = WeightPolicy(adaln="cache")
 

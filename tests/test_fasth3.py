@@ -531,7 +531,7 @@ def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):
 def test_student_under_the_weight_policies_equals_resident(tiny_h3_dir, student, policy):
     """The adapter is fused as the weights load, before the AdaLN cache takes the projections or the offload
     placement homes the blocks on the host: both run the same student, bit for bit."""
-    from comfyui_h3.backend.runtime import WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
     def run(**weights):
         return h3_config(str(tiny_h3_dir), dtype="float32", attention=SPEC, student=str(student[0]),

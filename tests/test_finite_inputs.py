@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from comfyui_h3.backend.pipelines.h3.finite import check_finite, count_non_finite
+from comfyui_h3.backend.finite import check_finite, count_non_finite
 from comfyui_h3.backend.pipelines.h3.geometry import RequestError
 from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest, H3Request, ReferenceInput
 

@@ -88,7 +88,7 @@ def test_cuda_step_events_and_device_peak(tiny_h3_dir):
     assert "GiB" in mf.summary(m)
 
 def test_h3_manifest_reports_the_adaln_cache_bytes(tiny_h3_dir):
-    from comfyui_h3.backend.runtime import WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
     pipe = h3_config(str(tiny_h3_dir), dtype="float32", weights=WeightPolicy(adaln="cache")).build_pipeline(0)
     m = pipe.run(t2va(decode=False)).manifest

@@ -165,7 +165,7 @@ def test_family_memory_counts_compute_width(tiny):
 
 
 def test_weight_policies_it_cannot_apply_are_refused(tiny):
-    from comfyui_h3.backend.runtime import WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
     for policy in (WeightPolicy(storage="fp8"), WeightPolicy(placement="offload"), WeightPolicy(adaln="cache")):
         config = seedvr2_config(_dit(tiny, "3b"), tiny / "a" / VAE_FILE, tiny / "a" / TEXT_FILE, weights=policy)

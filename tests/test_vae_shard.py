@@ -1,4 +1,4 @@
-"""The SeedVR2 VAE over ranks (backend/parallel/vae_shard.py) and the restoration batch that uses it.
+"""The SeedVR2 VAE over ranks (backend/parallel/seedvr2_vae_shard.py) and the restoration batch that uses it.
 
 Plans: the one-rank time slices dealt round-robin, encode frame spans = decode output spans. On 2 and 4 gloo CPU ranks
 (one spawn per world): encode and decode equal SeedVR2VAE's one-rank passes bit for bit (fp32 and bf16, several slice
@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 
 from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig, time_slices
-from comfyui_h3.backend.parallel import vae_shard
+from comfyui_h3.backend.parallel import seedvr2_vae_shard as vae_shard
 from comfyui_h3.backend.parallel.context import SINGLE, ParallelContext
 
 H, W = 24, 40  # frames: latents 3 x 5

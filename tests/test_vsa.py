@@ -431,7 +431,7 @@ def test_fallback_chunks_keep_the_rule():
 
 def test_tiny_t2va_vsa_with_the_adaln_cache(tiny_h3_dir, dense_run):
     """The AdaLN table cache plans its steps from the bound (tile-ordered) StepPlan: same result as without it."""
-    from comfyui_h3.backend.runtime import WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
     cached = h3_config(str(tiny_h3_dir), dtype="float32", attention="vsa:topk=10000,dense=1",
                        weights=WeightPolicy(adaln="cache")).build_pipeline(0).run(_t2va())

@@ -1,4 +1,4 @@
-"""SeedVR2 window-aligned sequence parallelism (backend/parallel/window_shard.py).
+"""SeedVR2 window-aligned sequence parallelism (backend/parallel/seedvr2_window_shard.py).
 
 Plan: every window exactly once per layout, the LPT greedy bound and the optimum bound on small instances, ties
 toward the rank holding the window's rows. Transitions: the all-to-all plans, replayed in one process for 1..5 ranks,
@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.seedvr2.window_attention import window_attention
 from comfyui_h3.backend.models.seedvr2.windows import REGULAR, SHIFTED, layer_window_methods, window_layout
-from comfyui_h3.backend.parallel import window_shard
+from comfyui_h3.backend.parallel import seedvr2_window_shard as window_shard
 from comfyui_h3.backend.parallel.context import SINGLE
-from comfyui_h3.backend.parallel.window_shard import (
+from comfyui_h3.backend.parallel.seedvr2_window_shard import (
     ShardedWindowRouting, WindowShardPlan, assign_windows, plan_report, window_cost)
 
 # Several spatial and temporal windows (8 / 8), temporal only with an empty shifted window dropped (4 / 4), one window.

@@ -3,7 +3,7 @@
 The DiT never indexes windows itself. Per layer it asks the routing for the rows this rank holds (``rows(layer)``),
 runs every per-token op on them in their local order (order does not matter there), attends per shape group with
 the group indices of ``LayerRows``, and hands the rows to ``advance`` at each layer boundary. One rank keeps the
-canonical order throughout (``LocalRouting``); window sequence parallelism (backend/parallel/window_shard.py) moves
+canonical order throughout (``LocalRouting``); window sequence parallelism (backend/parallel/seedvr2_window_shard.py) moves
 whole windows between ranks behind the same protocol.
 
 Contract (stated once here):

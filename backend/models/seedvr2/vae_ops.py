@@ -136,7 +136,7 @@ class CausalStream:
     def extend(self, conv: "CausalConv3d", x: torch.Tensor, pre: Optional["FrameGroupNorm"]) -> "TimeExtended":
         """conv's time-extended input of this slice (front copies of frame 0 in the first slice, else the frames the
         previous slice carried), keeping this slice's leftover for the next one. Streams over ranks override it
-        (backend/parallel/vae_shard.py: the carried frames come from and go to the neighbouring ranks)."""
+        (backend/parallel/seedvr2_vae_shard.py: the carried frames come from and go to the neighbouring ranks)."""
         head = None if self.first else self.memory.pop(conv, None)
         nh = conv.front if self.first else (0 if head is None else head.shape[2])
         src = TimeExtended(x, head, nh, pre)

@@ -254,11 +254,11 @@ class H3Components:
         return int(self.audio_vae.config.latent_channels)
 
     def with_folder_shifts(self, req):
-        """The request with its unset schedule shifts (None) taken from this folder's scheduler configs."""
-        if req.video_shift is not None and req.audio_shift is not None:
+        """The request with its unset schedule shifts (None, or the option's unset 0) taken from this folder's
+        scheduler configs."""
+        if req.video_shift and req.audio_shift:
             return req
-        return replace(req, video_shift=self.video_shift if req.video_shift is None else req.video_shift,
-                       audio_shift=self.audio_shift if req.audio_shift is None else req.audio_shift)
+        return replace(req, video_shift=req.video_shift or self.video_shift, audio_shift=req.audio_shift or self.audio_shift)
 
     def has_partition(self, task: str) -> bool:
         name = TASK_PARTITION[task]

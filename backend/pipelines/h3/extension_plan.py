@@ -49,6 +49,15 @@ def added_frames_for(seconds: float) -> int:
     return math.ceil(round(seconds * FPS) / CLIP) * CLIP
 
 
+def frames_to_add(windows: int | None, seconds: float | None, window_frames: int, overlap_frames: int) -> int:
+    """What an extension appends: `windows` full windows (each adds window_frames - overlap_frames; None or 0: use
+    seconds), else `seconds` rounded up to whole chunks. The one formula for H3 Extend and the CLI."""
+    if windows:
+        check_window_settings(window_frames, overlap_frames)
+        return int(windows) * (window_frames - overlap_frames)
+    return added_frames_for(seconds)
+
+
 @dataclass(frozen=True)
 class Window:
     index: int

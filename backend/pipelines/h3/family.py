@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...engine_config import DTYPES, EngineConfig
+from .weights import H3WeightPolicy
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "floa
     """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `student`: a
     FastH3 adapter file (or its folder); `files`: {component: ComfyUI native single file} for components whose
     weights come from such a file (NATIVE_COMPONENTS; the folder gives their configs); `engine`: EngineConfig's own
-    fields (device, world_size, executor, ray_address, attention, cpu_threads, ...)."""
+    fields (device, world_size, executor, ray_address, attention, cpu_threads, weights: a WeightPolicy or an
+    H3WeightPolicy, ...)."""
     if student:
         from ...models.fasth3 import resolve_adapter_file
 
@@ -39,7 +41,8 @@ def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "floa
         raise ValueError(f"Unknown component(s) {unknown} for single files; use {', '.join(NATIVE_COMPONENTS)}.")
     pairs = tuple(sorted((k, os.path.abspath(os.path.expanduser(v))) for k, v in (files or {}).items() if v))
     options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None, pairs)
-    return EngineConfig("h3", options, compute_dtype=dtype, **engine)
+    weights = H3WeightPolicy.of(engine.pop("weights", None))  # H3's own fields beside the shared ones
+    return EngineConfig("h3", options, compute_dtype=dtype, weights=weights, **engine)
 
 
 class H3Family:
@@ -49,6 +52,9 @@ class H3Family:
         o = config.options
         if not isinstance(o, H3Options):
             raise TypeError(f"the h3 family takes H3Options, got {type(o).__name__}")
+        if not isinstance(config.weights, H3WeightPolicy):
+            raise TypeError(f"the h3 family takes an H3WeightPolicy (h3_config makes one), got "
+                            f"{type(config.weights).__name__}")
         if o.vae_dtype not in DTYPES:
             raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
         if o.compile not in ("auto", "on", "off"):

@@ -226,26 +226,3 @@ class StageResidency:
                           "available_bytes": available, "mode": "auto" if resident is None else "fixed",
                           "stage_models_on_device": [n for n, p in self.parts.items() if p.on_device]}
         return self.last_plan
-
-
-RELEASE_BLOCKS = 50  # the released DiT's blocks: the loader's choices go up to it
-RESIDENT_BLOCKS_CHOICES = ("all", "auto") + tuple(str(n) for n in range(RELEASE_BLOCKS + 1))
-RESIDENT_BLOCKS_HELP = ("DiT blocks kept on the GPU. all (default): every weight stays on the GPU, the fastest when "
-                        "the model fits. auto: as many as fit beside this request's activations; the others are "
-                        "copied in from pinned host memory while earlier blocks compute (about as fast), and the "
-                        "text encoder and VAEs leave the GPU while the DiT runs when memory is short. A number: keep "
-                        "that many (0 streams every block). Every choice but all holds the DiT blocks in host RAM "
-                        "(~64 GB for the released model, ~45 GB with fp8 weights).")
-
-
-def parse_resident_blocks(value) -> tuple[str, int | None]:
-    """The loader's / CLI's resident-blocks option -> (WeightPolicy.placement, WeightPolicy.resident_blocks):
-    'all' -> resident; 'auto' -> offload, None; a whole number n >= 0 -> offload, n."""
-    text = str(value).strip().lower()
-    if text in ("", "all"):
-        return "resident", None
-    if text == "auto":
-        return "offload", None
-    if text.isdigit():
-        return "offload", int(text)
-    raise ValueError(f"resident_blocks must be 'all', 'auto' or a number of blocks >= 0, got {value!r}.")

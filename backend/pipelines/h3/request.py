@@ -8,22 +8,15 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .finite import check_finite
+from ...finite import check_finite
+from .options import MAX_STEPS, SAMPLING  # noqa: F401 - MAX_STEPS: the nodes' and the CLI's steps bound
 from .geometry import AUDIO_LATENTS_PER_SECOND, FPS, RequestError, resolve_geometry
 
 RELEASE_AUDIO_RATE = 32000  # the released audio VAE's rate: the early checks' assumption (the worker uses its own)
-MAX_STEPS = 1000  # the one bound on denoising steps: the nodes' widgets, generate / edit / extend and demo --steps
-
-
 def check_sampling(steps: int, video_shift: float | None, audio_shift: float | None, seed: int) -> None:
-    """The settings every task shares: steps, the two schedule shifts (None: the model folder's), the seed."""
-    if not 1 <= steps <= MAX_STEPS:
-        raise RequestError(f"steps must be between 1 and {MAX_STEPS}, got {steps}.")
-    for name, shift in (("video_shift", video_shift), ("audio_shift", audio_shift)):
-        if shift is not None and not 0 < shift < float("inf"):
-            raise RequestError(f"{name} must be positive (or unset: the model folder's), got {shift}.")
-    if not 0 <= seed < 2**64:
-        raise RequestError(f"seed must be in [0, 2^64), got {seed}.")
+    """The settings every task shares, by their options' rules (options.py): steps, the two schedule shifts (None:
+    the model folder's), the seed."""
+    SAMPLING.check({"steps": steps, "video_shift": video_shift, "audio_shift": audio_shift, "seed": seed})
 
 
 def check_preview_every(every) -> None:

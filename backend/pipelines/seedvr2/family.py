@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 from ...engine_config import DTYPES, EngineConfig
+from ...runtime import WeightPolicy
 
 DIT_VARIANTS = ("auto", "3b", "7b")
 
@@ -43,10 +44,12 @@ class SeedVR2Family:
         if o.vae_dtype not in DTYPES:
             raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
         w = config.weights
-        if (w.storage, w.placement, w.adaln) != ("compute", "resident", "direct"):
-            # The DiT's released fp8 files are cast at load; FP8 GEMMs, block streaming and the AdaLN cache are H3's.
+        if type(w) is not WeightPolicy or (w.storage, w.placement) != ("compute", "resident"):
+            # The DiT's released fp8 files are cast at load; FP8 GEMMs and block streaming are not built for it, and
+            # another family's own policies (a subclass) mean nothing here.
+            other = "" if type(w) is WeightPolicy else f" and {type(w).__name__}'s own settings"
             raise ValueError(f"SeedVR2 runs its weights resident in the compute precision; weight storage "
-                             f"{w.storage!r}, placement {w.placement!r}, AdaLN {w.adaln!r} are not available for it.")
+                             f"{w.storage!r}, placement {w.placement!r}{other} are not available for it.")
         from ...attention.registry import dense_names, get_backend
 
         if get_backend(config.attention).make_plan is not None:  # a sparse backend's plan reads H3's packed layout

@@ -33,7 +33,7 @@ class SeedVR2Pipeline:
     def _routing_for(self):
         if not self.parallel.is_parallel:
             return None
-        from ...parallel.window_shard import ShardedWindowRouting
+        from ...parallel.seedvr2_window_shard import ShardedWindowRouting
 
         config = self.c.config
 

@@ -6,7 +6,7 @@ generator in the official order (posterior eps, then x_T):
 - DiT input [T, h, w, 33] = cat[x_T 16 | cond 16 | ones 1]; v = DiT(input, text, t = 1000);
 - x0 = x_T - v (v-prediction on the lerp schedule at t = T), decoded after dividing by LATENT_SCALE;
 - colour fix against the model-size input frames, then the fit undone and the frame count restored.
-With several ranks (`_restore_on_ranks`) the VAE is spread too (backend/parallel/vae_shard.py: the one-rank time
+With several ranks (`_restore_on_ranks`) the VAE is spread too (backend/parallel/seedvr2_vae_shard.py: the one-rank time
 slices dealt round-robin, the causal convs' carried frames passed between neighbours): each rank prepares and encodes
 only its own slices' frames, the condition latent is gathered to every rank, every rank runs the DiT on its windows
 (ShardedWindowRouting), rank 0's velocity is broadcast, each rank decodes its own slices and colour-fixes and quantises
@@ -22,7 +22,7 @@ import torch
 
 from ...models.seedvr2.vae import LATENT_SCALE
 from ...models.seedvr2.vae_tiling import tiled_decode, tiled_encode
-from ...parallel import vae_shard
+from ...parallel import seedvr2_vae_shard as vae_shard
 from .batches import latent_frames
 from .colorfix import color_fix
 from .preprocess import Geometry, padded_frame_count, prepare_frames, prepare_video, uint8_frames

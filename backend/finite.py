@@ -9,7 +9,7 @@ import math
 import numpy as np
 import torch
 
-from .geometry import RequestError
+from .errors import RequestError
 
 _SLICE = 16  # first-axis items per check: bounds the boolean temporary for a long clip
 

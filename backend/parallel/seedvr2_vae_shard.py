@@ -22,7 +22,7 @@ Contracts (stated once here):
   (time on dim 0) to every rank (the DiT needs the whole condition) or to rank 0 (the output frames), one
   variable-split all_to_all_single per round written straight into the result (every rank joins every round).
 - Devices: point-to-point through torch.distributed.batch_isend_irecv (NCCL, gloo); where gloo serves a CUDA tensor,
-  on host copies (as window_shard.py).
+  on host copies (as seedvr2_window_shard.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import torch
 from ..models.seedvr2.vae import LOGVAR_RANGE, time_slices
 from ..models.seedvr2.vae_ops import DEFAULT_CHUNK_BYTES, CausalStream, TimeExtended
 from .context import ParallelContext
-from .window_shard import _host_staged
+from .seedvr2_window_shard import _host_staged
 
 ENCODE_SLICE_FRAMES = 4  # SeedVR2VAE.encode's default slice: the same numbers as one rank
 DECODE_SLICE_LATENTS = 1  # SeedVR2VAE.decode's default

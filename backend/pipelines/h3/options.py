@@ -1,0 +1,138 @@
+"""MiniMax-H3's user-facing options, each declared once (backend/options.py): the H3 nodes' inputs and the generate /
+edit / extend flags are made from these, the requests check their fields with these rules, and `engine_config`
+is the one place an engine config is built from the loader's choices (H3 Model Loader and the CLI alike). A new
+option is one Option here, its name in the node's and the CLI's lists, and its field where its stage reads it."""
+
+from __future__ import annotations
+
+from ...attention.registry import available as attention_backends
+from ...engine_config import DTYPES, EngineConfig
+from ...options import SEED, Option, OptionTable
+
+MAX_STEPS = 1000  # the one bound on denoising steps: the nodes' widgets, generate / edit / extend and demo --steps
+WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' option -> WeightPolicy.storage
+RELEASE_BLOCKS = 50  # the released DiT's blocks: the resident_blocks choices go up to it
+RESIDENT_BLOCKS_CHOICES = ("all", "auto") + tuple(str(n) for n in range(RELEASE_BLOCKS + 1))
+RESIDENT_BLOCKS_HELP = ("DiT blocks kept on the GPU. all (default): every weight stays on the GPU, the fastest when "
+                        "the model fits. auto: as many as fit beside this request's activations; the others are "
+                        "copied in from pinned host memory while earlier blocks compute (about as fast), and the "
+                        "text encoder and VAEs leave the GPU while the DiT runs when memory is short. A number: keep "
+                        "that many (0 streams every block). Every choice but all holds the DiT blocks in host RAM "
+                        "(~64 GB for the released model, ~45 GB with fp8 weights).")
+
+
+def _shift(name: str, folder: str, release: int) -> Option:
+    return Option(name, "float", 0.0, minimum=0.0, maximum=100.0, step=0.1, unset=0.0,
+                  message="{label} must be positive, at most {maximum:g} (or unset: the model folder's), got {value}.",
+                  tooltip=f"Flow-match sigma shift of the {name.split('_')[0]} schedule; 0 = the model folder's "
+                          f"({folder}/scheduler_config.json: {release} for the release).",
+                  help=f"{name.split('_')[0].capitalize()} schedule shift. Default: the model folder's "
+                       f"({folder}/scheduler_config.json; {release} for the release).")
+
+
+def resident_blocks_rule(value) -> str | None:
+    try:
+        parse_resident_blocks(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def parse_resident_blocks(value) -> tuple[str, int | None]:
+    """The resident_blocks option -> (WeightPolicy.placement, H3WeightPolicy.resident_blocks): 'all' -> resident;
+    'auto' -> offload, None; a whole number n >= 0 -> offload, n."""
+    text = str(value).strip().lower()
+    if text in ("", "all"):
+        return "resident", None
+    if text == "auto":
+        return "offload", None
+    if text.isdigit():
+        return "offload", int(text)
+    raise ValueError(f"resident_blocks must be 'all', 'auto' or a number of blocks >= 0, got {value!r}.")
+
+
+# What every H3 task's request carries (H3 Sample / Edit / Extend, generate / edit / extend)
+SAMPLING = OptionTable(
+    Option("steps", "int", 50, "Denoising steps (one model evaluation each; no CFG).", minimum=1, maximum=MAX_STEPS,
+           message="{label} must be between {minimum} and {maximum}, got {value}.",
+           help="Denoising steps (model evaluations)."),
+    _shift("video_shift", "scheduler", 12),
+    _shift("audio_shift", "audio_scheduler", 3),
+    SEED.with_(tooltip="Same seed, same inputs -> same result.", message="{label} must be in [0, 2^64), got {value}."),
+)
+
+# How the engine runs (H3 Model Loader's choices and the CLI's engine flags)
+ENGINE = OptionTable(
+    Option("dtype", "choice", "bfloat16", choices=DTYPES, stage="engine", help="Default: bfloat16 on CUDA, float32 "
+           "on the CPU.", tooltip="Compute precision of the transformer and text encoder. The checkpoint's float32 "
+           "layers stay float32. bfloat16 is what the model was released in."),
+    Option("attention", "choice", "sdpa", choices=attention_backends, stage="engine",
+           message="Unknown attention backend {value!r}; available: {range}.",
+           help="Attention backend (see the loader node's list); vsa: Video Sparse Attention, with --vsa-topk and "
+                "--vsa-dense-steps.", tooltip="Attention kernel."),
+    Option("adaln_cache", "bool", False, stage="engine", tooltip=(
+        "Keep each step's AdaLN modulation tables on the GPU and the AdaLN projection weights (~24 GB of the "
+        "released model) in host memory; tables are rebuilt only when a request brings new timesteps. Same output "
+        "bit for bit. Falls back to the weights for a request whose tables would be larger than them.")),
+    Option("weights", "choice", "bf16", choices=tuple(WEIGHT_FORMATS), stage="engine", tooltip=(
+        "bf16: the transformer's weights as released (in the dtype above). fp8: its blocks' matmul weights "
+        "quantised to FP8 (e4m3, one scale per output channel) at load and run as FP8 matmuls with per-row "
+        "activation scales on the FP8 tensor cores: the DiT's resident weights drop by ~19 GB (its matmul weights "
+        "halve), at a small loss of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
+        "and dtype bfloat16.")),
+    Option("resident_blocks", "string", "all", RESIDENT_BLOCKS_HELP, rule=resident_blocks_rule, stage="engine",
+           widget={}, help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
+                           "request's activations, the rest streamed from pinned host memory while earlier blocks "
+                           "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is "
+                           "short); or a number (0 streams every block). For GPUs smaller than the model."),
+    Option("vsa_topk", "float", 0.1, minimum=0.001, maximum=100000.0, step=0.001, stage="engine",
+           tooltip="With attention vsa: how many 4x4x4 video tiles each video tile attends besides the prompt and "
+                   "condition rows. Below 1: a fraction of the clip's tiles (0.1 = 10%); 1 or more: a tile count. "
+                   "Ignored by the other attention kernels.",
+           help="With --attention vsa: video tiles (4x4x4) each video tile attends, a count (>= 1) or a fraction of "
+                "the tiles (< 1; default 0.1)."),
+    Option("vsa_dense_steps", "float", 0.25, minimum=0.0, maximum=1000.0, step=0.01, stage="engine",
+           tooltip="With attention vsa: steps run with dense attention before the sparse ones. Below 1: a fraction "
+                   "of the steps (0.25 = the first quarter); 1 or more: a step count. Ignored by the other attention "
+                   "kernels.",
+           help="With --attention vsa: steps run dense first, a count (>= 1) or a fraction of the steps (< 1; "
+                "default 0.25)."),
+)
+
+
+def resident_blocks_input() -> dict:
+    """The loader's resident_blocks combo (all, auto, 0..RELEASE_BLOCKS); the CLI takes any number."""
+    option = ENGINE["resident_blocks"]
+    return {option.name: (list(RESIDENT_BLOCKS_CHOICES), {"default": option.default, "tooltip": option.tooltip})}
+
+
+def attention_name(attention: str = "sdpa", vsa_topk: float | None = None,
+                   vsa_dense_steps: float | None = None) -> str:
+    """The engine config's attention backend for the attention option and, with vsa, its two settings (None: the
+    defaults); the settings mean nothing to the other backends and are ignored there."""
+    from ...attention import vsa
+
+    ENGINE["attention"].check(attention)
+    if attention != "vsa":
+        return attention
+    topk = ENGINE["vsa_topk"].default if vsa_topk is None else vsa_topk
+    dense = ENGINE["vsa_dense_steps"].default if vsa_dense_steps is None else vsa_dense_steps
+    ENGINE.check({"vsa_topk": topk, "vsa_dense_steps": dense})
+    return vsa.spec(topk, dense)
+
+
+def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | None = None,
+                  vsa_dense_steps: float | None = None, adaln_cache: bool = False, weights: str = "bf16",
+                  resident_blocks="all", **config) -> EngineConfig:
+    """The H3 engine config for the loader's choices, each checked by its option's rule: the one builder H3 Model
+    Loader and generate / edit / extend share. `config`: h3_config's other arguments (dtype, device, world_size,
+    executor, ray_address, student, files, ...)."""
+    from .family import h3_config
+    from .weights import H3WeightPolicy
+
+    ENGINE.check({"adaln_cache": adaln_cache, "weights": weights, "resident_blocks": resident_blocks})
+    placement, resident = parse_resident_blocks(resident_blocks)
+    policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
+                            adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
+    return h3_config(model_dir, attention=attention_name(attention, vsa_topk, vsa_dense_steps), weights=policy,
+                     **config)
