@@ -25,8 +25,10 @@ class Option:
     """name: the node input's name (snake_case); kind: one of KINDS; default: the node's and the CLI's; tooltip:
     the node's text (the CLI's too unless `help` is given); choices: a "choice" option's values, or a callable
     returning them (lists that depend on the installation, such as attention backends); rule: value -> None, or
-    what is wrong (a sentence naming nothing: `error` prefixes the option's label); stage: who consumes it
-    ("request" or "engine"); flag: the CLI flag ("" derives --name-with-dashes, None: no flag); label: how messages
+    what is wrong, as a whole sentence; stage: who consumes it ("request": a field of the family's request of that
+    name; "engine": the engine config builder; "node": the node, to build other fields); node: where the node lists
+    it ("required", "optional" or "" for none; a node lists its group's options in declaration order, so a new
+    option shows up without touching the node, appended after the ones saved workflows know); flag: the CLI flag ("" derives --name-with-dashes, None: no flag); label: how messages
     name it (default: the name, or the table's pattern); message: the sentence for a value out of range or not
     among the choices, a template of {label}, {value}, {range}, {minimum}, {maximum}; unset: the widget value that
     means "not given" (a shift's 0: the model folder's), which `value` turns into None and `error` passes, as it
@@ -42,6 +44,7 @@ class Option:
     choices: tuple | Callable[[], Iterable] = ()
     rule: Callable[[Any], str | None] | None = None
     stage: str = "request"
+    node: str = "required"
     flag: str | None = ""
     help: str = ""
     label: str = ""
@@ -52,8 +55,10 @@ class Option:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"option {self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.stage not in ("request", "engine"):
-            raise ValueError(f"option {self.name}: stage must be 'request' or 'engine', got {self.stage!r}")
+        if self.stage not in ("request", "engine", "node"):
+            raise ValueError(f"option {self.name}: stage must be 'request', 'engine' or 'node', got {self.stage!r}")
+        if self.node not in ("required", "optional", ""):
+            raise ValueError(f"option {self.name}: node must be 'required', 'optional' or '', got {self.node!r}")
 
     def with_(self, **changes) -> "Option":
         """The same option with some fields changed (a node's own tooltip for a shared option)."""
@@ -155,7 +160,6 @@ class Option:
         kwargs.update(extra)
         parser.add_argument(self.cli_flag, **kwargs)
 
-
     def _checked_text(self, text: str):
         import argparse
 
@@ -176,10 +180,11 @@ def _number_text(value) -> str:
 
 
 class OptionTable:
-    """A family's options by name, in declaration order."""
+    """A family's options by name, in declaration order (for a node's group: its widget order)."""
 
     def __init__(self, *options: Option, label: str = "{name}"):
         """`label`: how messages name an option that has no label of its own ("SeedVR2 Upscale's {name}")."""
+        self._label = label
         self._options = {o.name: o if o.label else o.with_(label=label.format(name=o.name)) for o in options}
         if len(self._options) != len(options):
             raise ValueError("two options share a name")
@@ -193,6 +198,10 @@ class OptionTable:
     def __contains__(self, name: str) -> bool:
         return name in self._options
 
+    def adding(self, *options: Option) -> "OptionTable":
+        """This table with `options` appended (a test's addition, or a family extending a shared table)."""
+        return OptionTable(*self, *options, label=self._label)
+
     def names(self, stage: str | None = None) -> tuple:
         return tuple(o.name for o in self if stage is None or o.stage == stage)
 
@@ -201,16 +210,32 @@ class OptionTable:
         tooltip)."""
         return {n: overrides.get(n, self[n]).input_spec() for n in names}
 
-    def add_flags(self, parser, *names: str, **defaults) -> None:
-        """CLI flags for `names` (those that have one); `defaults`: the CLI's own default of some."""
-        for n in names:
-            if self[n].cli_flag is not None:
-                self[n].add_flag(parser, default=defaults.get(n, UNSET))
+    def node_inputs(self, group: str, *first: str, **overrides: Option) -> dict:
+        """V1 node inputs of a group ("required" / "optional"): `first` in that order (a node's saved widget order
+        where it differs from the declaration's), then the group's other options in declaration order."""
+        rest = [o.name for o in self if o.node == group and o.name not in first]
+        return self.inputs(*first, *rest, **overrides)
+
+    def add_flags(self, parser, *names: str, exclude: Iterable[str] = (), **defaults) -> None:
+        """CLI flags for `names`, or with none named for every option that has a flag (in declaration order) but
+        those in `exclude` (added by the caller in a form of its own); `defaults`: the CLI's own default of some."""
+        skip = set(exclude)
+        for option in ([self[n] for n in names] if names else [o for o in self if o.name not in skip]):
+            if option.cli_flag is not None:
+                option.add_flag(parser, default=defaults.get(option.name, UNSET))
 
     def check(self, values: Mapping[str, Any]) -> None:
         """RequestError with the first failing option's sentence, over the options named in `values`."""
         for name, value in values.items():
             self[name].check(value)
+
+    def check_fields(self, request) -> None:
+        """Each "request" option by its rule against the request's field of that name (None: not given)."""
+        for option in self:
+            if option.stage == "request" and hasattr(request, option.name):
+                value = getattr(request, option.name)
+                if value is not None:
+                    option.check(value)
 
 
 # Options every family shares

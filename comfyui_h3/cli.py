@@ -13,8 +13,6 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
                   "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale")
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-UPSCALE_FLAGS = ("batch_frames", "overlap", "color_fix", "edge", "seed", "vae_tile")  # SeedVR2 options (the target:
-# --scale / --short-side / --size, one of them)
 TEMP_ENV = "COMFYUI_H3_TEMP"  # the headless temp folder (comfy_services/paths.py)
 
 
@@ -106,7 +104,8 @@ def _sampling_options(p, steps_help: str = "") -> None:
 
     SAMPLING["steps"].add_flag(p, help=steps_help or None)
     SAMPLING["seed"].add_flag(p, help="Same seed and inputs -> the same result.")
-    SAMPLING.add_flags(p, "video_shift", "audio_shift", video_shift=None, audio_shift=None)  # None: the folder's
+    # the shifts (None: the folder's) and any sampling option declared after them
+    SAMPLING.add_flags(p, exclude=("steps", "seed"), video_shift=None, audio_shift=None)
 
 
 def _device_options(p) -> None:
@@ -123,7 +122,7 @@ def _latents_option(p, what: str = "the final latents") -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .backend.pipelines.seedvr2.options import UPSCALE
+    from .backend.pipelines.seedvr2 import options as seedvr2_options
     from .cli_manifest import add_manifest_option
     from .nodes.widgets import GPUS_INPUT
 
@@ -216,11 +215,12 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--variant", default="auto", choices=["auto", "3b", "7b"],
                    help="Refuse a DiT file of the other model; auto: what the file holds.")
     u.add_argument("--video", required=True, help="The video to upscale (its sound is kept unchanged).")
+    UPSCALE = seedvr2_options.UPSCALE
     size = u.add_mutually_exclusive_group()
     UPSCALE["scale"].add_flag(size, default=None)
     UPSCALE["short_side"].add_flag(size, default=None, help="Output short side in pixels (aspect kept).")
     size.add_argument("--size", default=None, metavar="WxH", help="Output width x height, e.g. 1920x1080.")
-    UPSCALE.add_flags(u, *UPSCALE_FLAGS)
+    UPSCALE.add_flags(u, exclude=("scale", "short_side"))  # every other SeedVR2 option with a flag
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])

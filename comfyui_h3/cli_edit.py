@@ -47,13 +47,14 @@ def load_mask(path: str) -> np.ndarray:
 def build_request(args):
     from .backend.media.decode import decode_video
     from .backend.pipelines.h3.request import H3Request
+    from .cli_generate import sampling_fields
 
     if not os.path.isfile(args.video):
         raise FileNotFoundError(f"Video not found: {args.video}")
     clip = decode_video(args.video)
     return H3Request(
-        prompt=args.prompt, steps=args.steps, seed=args.seed, video_shift=args.video_shift,
-        audio_shift=args.audio_shift, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),
+        prompt=args.prompt, **sampling_fields(args), source_frames=clip.frames.numpy(),
+        source_fps=float(clip.frame_rate),
         source_audio=clip.audio, source_sample_rate=clip.sample_rate, mask=load_mask(args.mask), preset=args.mode,
         audio_mode=args.audio_mode, audio_level=args.audio_level, mask_grow=args.mask_grow,
         mask_feather=args.mask_feather, decode=True,

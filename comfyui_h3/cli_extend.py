@@ -12,6 +12,7 @@ def build_request(args, out_path: str):
     from .backend.media.decode import decode_audio, decode_video
     from .backend.pipelines.h3.extension_plan import frames_to_add
     from .backend.pipelines.h3.request import H3ExtendRequest
+    from .cli_generate import sampling_fields
 
     if not os.path.isfile(args.video):
         raise FileNotFoundError(f"Video not found: {args.video}")
@@ -26,8 +27,7 @@ def build_request(args, out_path: str):
         prompts=args.prompt or [""], added_frames=added, window_frames=args.window_frames,
         overlap_frames=args.overlap_frames, source_frames=clip.frames.numpy(), source_fps=float(clip.frame_rate),
         source_audio=clip.audio, source_sample_rate=clip.sample_rate, audio_mode=args.audio_mode,
-        driving_audio=drive, driving_sample_rate=rate, steps=args.steps, video_shift=args.video_shift,
-        audio_shift=args.audio_shift, seed=args.seed, output_path=out_path, crf=args.crf,
+        driving_audio=drive, driving_sample_rate=rate, **sampling_fields(args), output_path=out_path, crf=args.crf,
         metadata={"comment": "comfyui-h3 extend"})
 
 

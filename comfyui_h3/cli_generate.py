@@ -48,6 +48,14 @@ def sampling_plan(args) -> tuple[str, int]:
     return schedule, steps
 
 
+def sampling_fields(args, **given) -> dict:
+    """The request's sampling fields (pipelines/h3/options.py SAMPLING: steps, shifts, seed, ...) from the flags
+    _sampling_options made; `given`: fields a command computes itself (generate's steps)."""
+    from .backend.pipelines.h3.options import SAMPLING
+
+    return {**{o.name: o.value(getattr(args, o.name)) for o in SAMPLING if hasattr(args, o.name)}, **given}
+
+
 def build_request(args):
     from .backend.pipelines.h3.geometry import FPS, MIN_SECONDS, check_duration, check_frame_count, frames_for_seconds
     from .backend.pipelines.h3.request import H3Request
@@ -63,8 +71,8 @@ def build_request(args):
     frames = frames_for_seconds(seconds)
     schedule, steps = sampling_plan(args)
     return H3Request(
-        prompt=args.prompt, num_frames=frames, width=args.width, height=args.height, steps=steps, schedule=schedule,
-        video_shift=args.video_shift, audio_shift=args.audio_shift, seed=args.seed,
+        prompt=args.prompt, num_frames=frames, width=args.width, height=args.height, schedule=schedule,
+        **sampling_fields(args, steps=steps),
         first_frame=_open_image(args.first_frame) if args.first_frame else None,
         last_frame=_open_image(args.last_frame) if args.last_frame else None,
         references=[reference_from_file(p) for p in args.reference],

@@ -14,7 +14,7 @@ from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform, waveform_to_audio
 from .sample import run_engine, run_summary, shift, with_manifest
-from .widgets import sampling_inputs
+from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 
 def mask_to_array(mask) -> np.ndarray:
@@ -45,7 +45,7 @@ def edit_summary(preset: str, result, shaped: tuple[int, int] | None = None) -> 
 
 
 def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0, audio_mode="preset",
-                 audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None) -> H3Request:
+                 audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, **more) -> H3Request:
     """H3 Edit's inputs -> the engine's request (the node's widgets' conventions: 0 shift / -1 = the default)."""
     from ..video_types import video_to_frames_audio
 
@@ -59,6 +59,7 @@ def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audi
         source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
         mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
         audio_level=None if audio_level < 0 else audio_level, mask_grow=grow, mask_feather=feather,
+        **sampling_fields(more),
     )
 
 
@@ -113,6 +114,7 @@ class H3Edit:
             },
             "optional": {
                 "audio": ("AUDIO", {"tooltip": "Use this soundtrack as the source instead of the video's own."}),
+                **sampling_extras(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -124,9 +126,10 @@ class H3Edit:
         return True
 
     def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0,
-             audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None):
+             audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None,
+             **more):
         request = edit_request(video, mask, preset, prompt, steps, seed, video_shift, audio_shift, audio_mode,
-                               audio_level, mask_grow, mask_feather, audio)
+                               audio_level, mask_grow, mask_feather, audio, **more)
         shaped = mask_shaping(mask)
         result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
         out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)

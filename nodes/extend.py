@@ -23,7 +23,7 @@ from ..video_file import H3FileVideo
 from . import native_latent_io as native_io
 from .adapters import audio_to_waveform
 from .sample import run_engine, run_summary, shift, with_manifest
-from .widgets import sampling_inputs
+from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 PARTIAL_PREFIX = "H3/extend_partial"
 
@@ -79,6 +79,7 @@ class H3Extend:
                                                        "start of the source; it must last the whole result."}),
                 **native_io.input_spec("Or a native MiniMax-H3 AV LATENT (a native sampler's result) to continue, "
                                        "without re-encoding: the same latents as H3_LATENTS."),
+                **sampling_extras(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -94,7 +95,7 @@ class H3Extend:
 
     def extend(self, engine, prompt, seconds, windows, window_frames, overlap_frames, audio_mode, steps,
                video_shift, audio_shift, seed, video=None, latents=None, driving_audio=None, native_latent=None,
-               unique_id=None):
+               unique_id=None, **more):
         check_window_settings(window_frames, overlap_frames)  # before `added` is computed from them
         if sum(x is not None for x in (video, latents, native_latent)) != 1:
             raise ValueError("H3 Extend needs one source: connect a video, or the latents of an earlier H3 node "
@@ -112,7 +113,8 @@ class H3Extend:
             prompts=split_prompts(prompt), added_frames=added, window_frames=window_frames,
             overlap_frames=overlap_frames, audio_mode=audio_mode, steps=steps, video_shift=shift(video_shift),
             audio_shift=shift(audio_shift), seed=seed, output_path=path,
-            driving_audio=drive[0] if drive else None, driving_sample_rate=drive[1] if drive else None, **source)
+            driving_audio=drive[0] if drive else None, driving_sample_rate=drive[1] if drive else None, **source,
+            **sampling_fields(more))
         try:
             result = run_engine(engine, request, steps, unique_id, status=window_status(steps),
                                 on_cancelled=_keep_what_finished, summary=extend_summary)

@@ -16,7 +16,7 @@ from ..types import H3Latents
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import build_references, single_image, waveform_to_audio
-from .widgets import sampling_inputs
+from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 def shift(value):
     """A shift widget's value for the request: None for its unset 0 (the model folder's)."""
@@ -78,6 +78,7 @@ class H3Sample:
                     "A native MiniMax-H3 AV LATENT (e.g. Empty MiniMax H3 AV Latent's) giving the size and length: "
                     "its frames replace seconds, its size width/height (leave them 0). Its values are not used: "
                     "sampling starts from noise, as a native sampler at denoise 1."),
+                **sampling_extras(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -94,7 +95,7 @@ class H3Sample:
 
     def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
                first_frame=None, last_frame=None, reference_images=None, reference_video=None,
-               reference_audio=None, schedule="default", native_latent=None, unique_id=None):
+               reference_audio=None, schedule="default", native_latent=None, unique_id=None, **more):
         frames = seconds_to_frames(seconds)
         if native_latent is not None:
             try:
@@ -106,6 +107,7 @@ class H3Sample:
             steps=steps, video_shift=shift(video_shift), audio_shift=shift(audio_shift), seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
             references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
+            **sampling_fields(more),
         )
         result = run_engine(engine, request, steps, unique_id)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)

@@ -14,7 +14,7 @@ import torch
 
 from .. import comfy_services as services
 from ..backend.media.encode import as_fraction, next_free_path, release_placeholder
-from ..backend.pipelines.seedvr2.options import UPSCALE
+from ..backend.pipelines.seedvr2 import options
 from ..backend.pipelines.seedvr2.request import UpscaleRequest
 from ..extend_job import keep_partial
 from ..video_file import H3FileVideo
@@ -22,10 +22,6 @@ from ..video_types import H3Video
 from .sample import run_engine, run_summary, with_manifest
 from .seedvr2_loader import SEEDVR2_ENGINE
 
-# The widgets, in their saved order (options.py declares each); vae_tile was appended: saved workflows keep theirs
-REQUIRED_OPTIONS = ("target", "scale", "short_side", "width", "height", "batch_frames", "overlap", "color_fix", "seed",
-                    "edge")
-OPTIONAL_OPTIONS = ("fps", "vae_tile")
 MEMORY_OUTPUT_BYTES = 1 << 30  # an IMAGE input whose uint8 result is larger than this is streamed to a file
 PARTIAL_PREFIX = "H3/upscale_partial"
 ENCODE_OPTIONS = {"crf": 18, "preset": "veryfast"}  # H3 Save Video's defaults: saving it then copies the file
@@ -47,14 +43,14 @@ class H3SeedVR2Upscale:
         return {
             "required": {
                 "engine": (SEEDVR2_ENGINE, {"tooltip": "From SeedVR2 Model Loader."}),
-                **UPSCALE.inputs(*REQUIRED_OPTIONS),
+                **options.UPSCALE.node_inputs("required"),
             },
             "optional": {
                 "video": ("VIDEO", {"tooltip": "The video to upscale (its sound is carried over unchanged). Connect "
                                                "this or images."}),
                 "images": ("IMAGE", {"tooltip": "Frames to upscale instead of a VIDEO (an IMAGE batch, in order; one "
                                                 "image works too), at the fps below."}),
-                **UPSCALE.inputs(*OPTIONAL_OPTIONS),
+                **options.UPSCALE.node_inputs("optional"),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -65,17 +61,18 @@ class H3SeedVR2Upscale:
         return check_batch_frames(batch_frames)
 
     def upscale(self, engine, target, scale, short_side, width, height, batch_frames, overlap, color_fix, seed,
-                edge, video=None, images=None, fps=24.0, vae_tile=0, unique_id=None):
+                edge, video=None, images=None, fps=24.0, vae_tile=0, unique_id=None, **more):
         family = getattr(getattr(engine, "config", None), "family", None)
         if family != "seedvr2":
             raise ValueError("SeedVR2 Upscale needs the engine of a SeedVR2 Model Loader.")
         if (video is None) == (images is None):
             raise ValueError("SeedVR2 Upscale needs one input: connect a video or images (not both).")
         # every widget by its option's rule, before int() / Fraction() of them (the request checks its own fields
-        # again: it is the boundary the CLI and API callers share)
-        UPSCALE.check(dict(target=target, scale=scale, short_side=short_side, width=width, height=height,
-                           batch_frames=batch_frames, overlap=overlap, color_fix=color_fix, seed=seed, edge=edge,
-                           fps=fps, vae_tile=vae_tile or 0))
+        # again: it is the boundary the CLI and API callers share). `more`: options declared after these, each a
+        # request field of its name.
+        options.UPSCALE.check(dict(target=target, scale=scale, short_side=short_side, width=width, height=height,
+                                   batch_frames=batch_frames, overlap=overlap, color_fix=color_fix, seed=seed,
+                                   edge=edge, fps=fps, vae_tile=vae_tile or 0, **more))
         if video is not None:
             from ..video_types import video_to_frames_audio
 
@@ -86,7 +83,7 @@ class H3SeedVR2Upscale:
                                  batch_frames=int(batch_frames), overlap=int(overlap), color_fix=color_fix,
                                  seed=int(seed), edge=edge, vae_tile=int(vae_tile or 0), fps=Fraction(rate),
                                  audio=None if wave is None else torch.as_tensor(wave).float().cpu(),
-                                 sample_rate=sample_rate, encode_options=dict(ENCODE_OPTIONS))
+                                 sample_rate=sample_rate, encode_options=dict(ENCODE_OPTIONS), **more)
         request.validate()  # here too: the size estimate below reads the target
         streamed = video is not None or output_bytes(request) > MEMORY_OUTPUT_BYTES
         path = next_free_path(services.temp_directory(), "h3_upscale/upscale", "mp4") if streamed else None
@@ -109,7 +106,7 @@ class H3SeedVR2Upscale:
 
 def check_batch_frames(batch_frames) -> bool | str:
     """True for a batch size the request takes (the option's one rule), else what to change."""
-    return UPSCALE["batch_frames"].error(batch_frames) or True
+    return options.UPSCALE["batch_frames"].error(batch_frames) or True
 
 
 def target_fields(target: str, scale: float, short_side: int, width: int, height: int) -> dict:

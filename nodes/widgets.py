@@ -11,6 +11,24 @@ def sampling_inputs(*names: str, steps_tooltip: str = "", seed_tooltip: str = ""
     return SAMPLING.inputs(*names, **{n: SAMPLING[n].with_(tooltip=t) for n, t in own.items() if t and n in names})
 
 
+def sampling_extras() -> dict:
+    """The optional inputs of every sampling option declared after the nodes' saved widgets (appended: saved
+    workflows keep their order); the node passes them to its request by name (sampling_fields)."""
+    from ..backend.pipelines.h3.options import SAMPLING
+
+    return SAMPLING.node_inputs("optional")
+
+
+def sampling_fields(more: dict) -> dict:
+    """A node's extra sampling widgets -> its request's fields (an unset value -> None)."""
+    from ..backend.pipelines.h3.options import SAMPLING
+
+    unknown = sorted(set(more) - {o.name for o in SAMPLING})
+    if unknown:
+        raise TypeError(f"unexpected inputs {unknown}")
+    return {name: SAMPLING[name].value(value) for name, value in more.items()}
+
+
 DEVICES = ("auto", "cuda", "cpu")
 DEVICE_INPUT = {
     "device": (list(DEVICES), {"default": "auto", "tooltip": "auto: the first CUDA GPU if there is one, else the CPU."}),

@@ -9,14 +9,15 @@ import torch
 from PIL import Image
 
 from ...finite import check_finite
-from .options import MAX_STEPS, SAMPLING  # noqa: F401 - MAX_STEPS: the nodes' and the CLI's steps bound
+from . import options as h3_options
+from .options import MAX_STEPS  # noqa: F401 - the nodes' and the CLI's steps bound
 from .geometry import AUDIO_LATENTS_PER_SECOND, FPS, RequestError, resolve_geometry
 
 RELEASE_AUDIO_RATE = 32000  # the released audio VAE's rate: the early checks' assumption (the worker uses its own)
 def check_sampling(steps: int, video_shift: float | None, audio_shift: float | None, seed: int) -> None:
     """The settings every task shares, by their options' rules (options.py): steps, the two schedule shifts (None:
-    the model folder's), the seed."""
-    SAMPLING.check({"steps": steps, "video_shift": video_shift, "audio_shift": audio_shift, "seed": seed})
+    the model folder's), the seed. A request checks every SAMPLING field it has (check_fields)."""
+    h3_options.SAMPLING.check({"steps": steps, "video_shift": video_shift, "audio_shift": audio_shift, "seed": seed})
 
 
 def check_preview_every(every) -> None:
@@ -98,7 +99,7 @@ class H3Request:
                                "different tasks (fl2va vs ref2va).")
         if (self.width is None) != (self.height is None):
             raise RequestError("Give width and height together, or neither (then the canvas follows the input).")
-        check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
+        h3_options.SAMPLING.check_fields(self)  # steps, shifts, seed: each by its option's rule
         check_schedule(self.schedule, self.steps)
         check_preview_every(self.preview_every)
         # Early checks with the release's geometry; the worker re-checks against the loaded model's own factors.
@@ -249,7 +250,7 @@ class H3ExtendRequest:
         if self.added_frames <= 0 or self.added_frames % CLIP:
             raise RequestError(f"Frames to add must be a positive multiple of {CLIP}, got {self.added_frames}.")
         check_window_settings(self.window_frames, self.overlap_frames)
-        check_sampling(self.steps, self.video_shift, self.audio_shift, self.seed)
+        h3_options.SAMPLING.check_fields(self)  # steps, shifts, seed: each by its option's rule
         check_preview_every(self.preview_every)
         if self.output_path is not None:
             from ...media.encode import check_encoder_options

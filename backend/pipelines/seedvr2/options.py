@@ -1,7 +1,8 @@
-"""SeedVR2's user-facing options, each declared once (backend/options.py): SeedVR2 Upscale's inputs and
-`python -m comfyui_h3 upscale`'s flags are made from these, and UpscaleRequest.validate checks a request with their
-rules. A new colour-fix mode is one entry in colorfix.METHODS; a new option is one Option here plus the node's and
-the CLI's lists of names (and its request field)."""
+"""SeedVR2's user-facing options, each declared once (backend/options.py): SeedVR2 Upscale's inputs (in this order:
+the saved widget order; new ones go at the end, optional) and `python -m comfyui_h3 upscale`'s flags are made from
+these, and UpscaleRequest.validate checks each request field with its option's rule. A new colour-fix mode is one
+entry in colorfix.METHODS; a new option is one Option here (and its UpscaleRequest field, where the worker reads
+it)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,13 @@ def vae_tile_rule(value) -> str | None:
     return f"VAE tile {value} must be 0 (off) or a multiple of 8 from {MIN_VAE_TILE} to {MAX_SIDE} pixels."
 
 
-def _side(name: str, default: int, tooltip: str, message: str) -> Option:
-    return Option(name, "int", default, tooltip, minimum=MIN_SIDE, maximum=MAX_SIDE, step=2, message=message)
+def _side(name: str, default: int, tooltip: str, message: str, flag: str | None = "") -> Option:
+    return Option(name, "int", default, tooltip, minimum=MIN_SIDE, maximum=MAX_SIDE, step=2, message=message,
+                  flag=flag)
 
 
 UPSCALE = OptionTable(
-    Option("target", "choice", "scale", choices=TARGETS, flag=None, tooltip=(
+    Option("target", "choice", "scale", choices=TARGETS, stage="node", flag=None, tooltip=(
         "How the output size is given: scale (x the input), short side (pixels of the shorter side, aspect kept) or "
         "width x height (stretched to it). The other size widgets are ignored.")),
     Option("scale", "float", 2.0, "target scale: output size = input size x this.", minimum=MIN_SCALE,
@@ -54,9 +56,9 @@ UPSCALE = OptionTable(
     _side("short_side", 1080, "target short side: the output's shorter side in pixels.",
           "Short side {value} is out of range; use {range} pixels."),
     _side("width", 1920, "target width x height: the output width in pixels.",
-          "Target width {value} is out of range; use {range} pixels."),
+          "Target width {value} is out of range; use {range} pixels.", flag=None),  # the CLI's --size WxH
     _side("height", 1080, "target width x height: the output height in pixels.",
-          "Target height {value} is out of range; use {range} pixels."),
+          "Target height {value} is out of range; use {range} pixels.", flag=None),
     Option("batch_frames", "int", 0, minimum=0, maximum=MAX_BATCH_FRAMES, rule=batch_frames_rule,
            message="Batch frames must be 0 (auto) or 4n+1 from 5 to {maximum}, got {value}: use 0 for auto, or up to "
                    "{maximum}.",
@@ -76,8 +78,8 @@ UPSCALE = OptionTable(
                "The model works on multiples of 16 px. pad: extend the edges, run, crop back (the exact size, nothing "
                "lost). crop: cut the few border pixels instead.")),
     Option("fps", "float", 24.0, "Frame rate of the output for images; a connected video keeps its own.",
-           minimum=0.01, maximum=240.0, step=0.001, flag=None),
-    Option("vae_tile", "int", 0, minimum=0, maximum=MAX_SIDE, step=8, rule=vae_tile_rule,
+           minimum=0.01, maximum=240.0, step=0.001, stage="node", node="optional", flag=None),
+    Option("vae_tile", "int", 0, minimum=0, maximum=MAX_SIDE, step=8, rule=vae_tile_rule, node="optional",
            message="VAE tile {value} must be 0 (off) or a multiple of 8 from 128 to {maximum} pixels.",
            help="VAE encode/decode in tiles of at most N pixels a side (a multiple of 8, >= 128; one GPU), for outputs "
                 "whose frames do not fit the GPU whole (e.g. 4K): close to, not equal to, the whole pass. 0: whole "

@@ -9,11 +9,9 @@ from fractions import Fraction
 import torch
 
 from ...errors import RequestError
-from .options import (COLOR_FIXES, EDGE_MODES, MAX_BATCH_FRAMES, MAX_SCALE, MAX_SIDE, MIN_BATCH_FRAMES,  # noqa: F401
-                      MIN_SIDE, MIN_VAE_TILE, UPSCALE)
-
-TARGET_FIELDS = ("scale", "short_side", "width", "height")
-CHECKED = ("batch_frames", "overlap", "color_fix", "seed", "edge", "vae_tile")  # besides the target's given fields
+from . import options
+from .options import COLOR_FIXES, EDGE_MODES, MAX_BATCH_FRAMES, MAX_SCALE, MAX_SIDE, MIN_BATCH_FRAMES  # noqa: F401
+from .options import MIN_SIDE, MIN_VAE_TILE  # noqa: F401
 
 
 @dataclass
@@ -65,8 +63,7 @@ class UpscaleRequest:
         if given[2] and (self.width is None or self.height is None):
             raise RequestError(f"Give both a target width and height, each {MIN_SIDE}..{MAX_SIDE} pixels; got width "
                                f"{self.width}, height {self.height}.")
-        UPSCALE.check({name: getattr(self, name) for name in TARGET_FIELDS + CHECKED
-                       if getattr(self, name) is not None})  # each option's one rule (options.py)
+        options.UPSCALE.check_fields(self)  # each field by its option's one rule (options.py)
         if self.batch_frames and self.overlap >= self.batch_frames:
             raise RequestError(f"Overlap {self.overlap} must be >= 0 and smaller than the batch ({self.batch_frames} "
                                "frames).")
