@@ -29,7 +29,7 @@ PLACEMENTS = ("resident", "offload")
 @dataclass(frozen=True)
 class WeightPolicy:
     """The capabilities families share: how weights are stored and where they live. A family with policies of its
-    own (H3's AdaLN tables and block residency: pipelines/h3/weights.py) extends this class; which values a family
+    own (H3's: pipelines/h3/weights.py) extends this class; which values a family
     can apply is its own check."""
 
     storage: str = "compute"

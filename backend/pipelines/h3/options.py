@@ -74,7 +74,7 @@ ENGINE = OptionTable(
         "Keep each step's AdaLN modulation tables on the GPU and the AdaLN projection weights (~24 GB of the "
         "released model) in host memory; tables are rebuilt only when a request brings new timesteps. Same output "
         "bit for bit. Falls back to the weights for a request whose tables would be larger than them.")),
-    Option("weights", "choice", "bf16", choices=tuple(WEIGHT_FORMATS), stage="engine", tooltip=(
+    Option("weights", "choice", "bf16", choices=tuple(WEIGHT_FORMATS), stage="engine", flag=None, tooltip=(  # CLI: --fp8
         "bf16: the transformer's weights as released (in the dtype above). fp8: its blocks' matmul weights "
         "quantised to FP8 (e4m3, one scale per output channel) at load and run as FP8 matmuls with per-row "
         "activation scales on the FP8 tensor cores: the DiT's resident weights drop by ~19 GB (its matmul weights "
@@ -130,8 +130,8 @@ def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | 
     from .family import h3_config
     from .weights import H3WeightPolicy
 
-    ENGINE.check({"adaln_cache": adaln_cache, "weights": weights, "resident_blocks": resident_blocks})
-    placement, resident = parse_resident_blocks(resident_blocks)
+    ENGINE.check({"adaln_cache": adaln_cache, "weights": weights})
+    placement, resident = parse_resident_blocks(resident_blocks)  # its rule: a ValueError naming it
     policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
                             adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
     return h3_config(model_dir, attention=attention_name(attention, vsa_topk, vsa_dense_steps), weights=policy,
