@@ -14,6 +14,14 @@ if REPO not in sys.path:  # a plain checkout without `pip install -e .` still im
     sys.path.insert(0, REPO)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that starts a real ComfyUI (the `comfy` fixture: the lane) is slow by nature: marked so here, beside the
+    `@pytest.mark.slow` marks of the tests that take seconds (docs/TESTING.md: the fast subset)."""
+    for item in items:
+        if "comfy" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def tiny_h3_dir(tmp_path_factory):
     from comfyui_h3.backend.models.tiny import make_tiny_h3

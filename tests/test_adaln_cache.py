@@ -88,6 +88,7 @@ def _report(pipe, partition="transformer"):
     return pipe.c.adaln_report()[partition]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(REQUESTS))
 def test_cache_equals_direct_bitwise(cached, wants, name):
     partition = "transformer_ref" if name == "extend" else "transformer"
@@ -102,6 +103,7 @@ def test_cache_equals_direct_bitwise(cached, wants, name):
         assert report["hits"] >= 2 and report["builds"] == 1
 
 
+@pytest.mark.slow
 def test_edit_plans_carry_per_row_timesteps(cached, monkeypatch):
     """The edit case above is not a clocks-only plan in disguise: its steps hold several timesteps per modality."""
     seen = []
@@ -246,6 +248,7 @@ def test_an_offloaded_projection_refuses_a_forward_without_tables(cached):
         dit.transformer_blocks[0].adaln_proj(torch.zeros(1, dit.config.time_embed_dim))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_cache_equals_direct_bitwise(tiny_h3_dir, tmp_path):
     """Ulysses on 2 CPU ranks: every rank builds the same tables; t2va, edit and extend as without the cache."""
     from comfyui_h3.backend.media.encode import next_free_path

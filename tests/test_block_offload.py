@@ -98,6 +98,7 @@ def test_next_block_is_copied_before_the_current_one_runs(dit_and_calls, monkeyp
                       ("copy", 1), ("run", 4)]
 
 
+@pytest.mark.slow
 def test_compiled_blocks_stream_bitwise_with_one_graph(dit_and_calls):
     """The engine compiles every block on CUDA (components.compile_blocks): moving a block's weights by `.data` keeps
     one graph for all blocks, streamed or resident, and the same numbers as the compiled resident model."""
@@ -305,6 +306,7 @@ def _request():
     return H3Request(prompt="rain on a tin roof", num_frames=124, steps=2, seed=4, width=64, height=64, decode=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resident", [0, 1, None])
 def test_offload_pipeline_equals_resident_bitwise(tiny_h3_dir, resident_result, resident):
     pipe = h3_config(str(tiny_h3_dir), dtype="float32",
@@ -320,6 +322,7 @@ def test_offload_pipeline_equals_resident_bitwise(tiny_h3_dir, resident_result, 
     assert set(pipe.c.residency.parts) == {"text", "vae", "audio_vae"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (the cpu case runs the same moves as host copies)"))])
 def test_small_device_moves_every_model_and_keeps_the_output(tiny_h3_dir, monkeypatch, device):
@@ -357,6 +360,7 @@ def test_small_device_moves_every_model_and_keeps_the_output(tiny_h3_dir, monkey
         assert dit.proj_in.weight.is_cuda and all(h.pinned for h in dit.block_offload.homes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [dict(storage="fp8_emulated"), dict(adaln="cache"),
                                     dict(storage="fp8_emulated", adaln="cache")])
 def test_offload_composes_with_the_other_weight_policies(tiny_h3_dir, policy):
@@ -436,6 +440,7 @@ def test_cli_refuses_a_bad_resident_blocks(capsys):
     assert "resident_blocks must be 'all', 'auto' or a number" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_script_runs_tiny_on_the_cpu():
     """bench/block_offload.py's --tiny path (the GPU run's code on a tiny model): it finishes, the streamed forward
     equals the resident one bit for bit, and its overlap arithmetic passes its own check."""

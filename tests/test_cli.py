@@ -27,6 +27,7 @@ def streams(path):
         return frames, float(container.streams.video[0].average_rate), audio.rate, audio.channels
 
 
+@pytest.mark.slow
 def test_generate_matches_reference_seed_and_writes_mp4(tmp_path, tiny_h3_dir):
     from safetensors.torch import load_file
 
@@ -50,6 +51,7 @@ def test_generate_matches_reference_seed_and_writes_mp4(tmp_path, tiny_h3_dir):
         assert err <= 1e-4, (key, float(err))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--model", "/no/such/folder", "--prompt", "x"], "not found"),
     (["--prompt", "x", "--seconds", "20"], "5 to 15 s"),
@@ -74,6 +76,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, tiny_h3_dir, ar
     assert not (tmp_path / "o.mp4").exists() and not (tmp_path / "output").exists()
 
 
+@pytest.mark.slow
 def test_never_overwrites_an_existing_output(tmp_path, tiny_h3_dir):
     (tmp_path / "o.mp4").write_bytes(b"user data")
     out = cli("generate", "--model", tiny_h3_dir, "--prompt", "x", "--out", tmp_path / "o.mp4", cwd=tmp_path,
@@ -82,6 +85,7 @@ def test_never_overwrites_an_existing_output(tmp_path, tiny_h3_dir):
     assert (tmp_path / "o.mp4").read_bytes() == b"user data"
 
 
+@pytest.mark.slow
 def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
     wf = os.path.join(REPO, "example_workflows", "api", "h3_text_to_video.api.json")
     out = cli("run", wf, "--set", "2.steps=2", "--set", "2.seconds=6", "--set", "1.dtype=\"float32\"",
@@ -93,6 +97,7 @@ def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
     assert bad.returncode == 2 and "no node '9'" in bad.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sets,message", [
     (["3.preset=bogus"], "preset: 'bogus' is not one of"),
     (["3.crf=99"], "crf: 99 is bigger than the maximum 51"),
@@ -110,6 +115,7 @@ def test_run_refuses_what_comfyui_refuses_before_running(tmp_path, tiny_h3_dir, 
     assert not (tmp_path / "out").exists() or not any(files for _, _, files in os.walk(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     # 14 workflows, three of them SeedVR2 at 2x on the CPU: ~3 min on a 2-core AVX-512 machine, but CI once took
     # over 10 on a loaded one (bf16 convolutions without native bf16); the bound is for a hang, not for speed.

@@ -20,6 +20,7 @@ def _noise_mp4(path, frames, size):
     return path
 
 
+@pytest.mark.slow
 def test_upscale_onto_a_full_disk_names_the_out_path(full_filesystem, tmp_path, capsys):  # noqa: F811
     from comfyui_h3.cli import main
 

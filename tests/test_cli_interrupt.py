@@ -106,6 +106,7 @@ def assert_no_worker_left(workers):
     assert not [pid for pid in workers if alive(pid)], "a worker outlived the CLI"
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_extend_stops_keeps_the_finished_windows_and_exits_130(tmp_path, tiny_h3_dir):
     src = source_clip(tmp_path / "in.mp4")
     out = tmp_path / "long.mp4"
@@ -134,6 +135,7 @@ def test_ctrl_c_during_extend_stops_keeps_the_finished_windows_and_exits_130(tmp
     assert_no_worker_left(workers)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_run_is_the_nodes_stop(tmp_path, tiny_h3_dir):
     from comfyui_h3.cli import workflows_dir
 
@@ -224,6 +226,7 @@ def seedvr2_cache(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_sigterm_during_upscale_is_a_stop_that_leaves_no_temporary_and_no_worker(tmp_path, seedvr2_cache):
     """SIGTERM (`timeout`) of `upscale` used to end the CLI on the spot: its worker ran on for 30-120 s and the hidden
     `.up.mp4.*.part` (and the worker's `..up.mp4.*.part.*.tmp`) stayed. It is now Ctrl-C's Stop: exit 143, the

@@ -39,6 +39,7 @@ def test_sample_inputs_resolve_from_the_pack_when_the_input_folder_lacks_them(tm
     assert resolve_input_path(SAMPLE_FILES[0]) == str(tmp_path / "input" / SAMPLE_FILES[0])  # theirs wins
 
 
+@pytest.mark.slow
 def test_shipped_workflow_runs_from_a_fresh_folder_and_leaves_only_its_outputs(fresh_folder, tmp_path, capsys):
     from comfyui_h3.cli import workflows_dir
 

@@ -13,6 +13,8 @@ import torch
 
 from test_cli_interrupt import assert_no_worker_left, lines_after_sigint, run_and_interrupt
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

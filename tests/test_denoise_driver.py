@@ -13,6 +13,8 @@ from comfyui_h3.backend.attention.registry import AttentionBackend, get_backend
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest, H3Request
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 
 @pytest.fixture
 def planned(monkeypatch):

@@ -101,6 +101,7 @@ def test_compiled_blocks_equal_eager(tiny_h3_dir):
     assert rel_err(got[0], want[0]) <= 1e-5 and rel_err(got[1], want[1]) <= 1e-5
 
 
+@pytest.mark.slow
 def test_compile_fallback_leaves_the_process_dynamo_setting_alone(tiny_h3_dir):
     import torch._dynamo
 

@@ -12,6 +12,8 @@ import uuid
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(REPO, "bench", "e2e.py")
 

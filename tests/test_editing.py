@@ -166,6 +166,7 @@ def edit(pipeline, source, **kw):
     return pipeline.run(H3Request(**args))
 
 
+@pytest.mark.slow
 def test_edit_keeps_the_source_outside_and_changes_inside(pipeline, source):
     from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
     from comfyui_h3.backend.pipelines.h3.decode import decode_frames_to_host
@@ -193,6 +194,7 @@ def test_edit_keeps_the_source_outside_and_changes_inside(pipeline, source):
     assert r.audio.shape == (2, round(124 / 24 * 40) * 800)  # 207 audio latents, hop 800
 
 
+@pytest.mark.slow
 def test_mask_draw_to_edit_shapes_the_mask_once(pipeline, source):
     """H3 Mask Draw -> H3 Edit: the restore mask is ONE application of the definition, whichever node applies it."""
     from comfyui_h3.nodes.edit import edit_request
@@ -242,6 +244,7 @@ def test_shipped_edit_workflows_let_the_preset_shape_the_mask():
     assert edits == 7  # removal, replacement, inpainting, and the four Track Mask removals / replacements
 
 
+@pytest.mark.slow
 def test_fractional_mask_blends_monotonically(pipeline, source):
     frames, wave, mask = source
     dist, adist = [], []
@@ -260,6 +263,7 @@ def test_fractional_mask_blends_monotonically(pipeline, source):
     assert adist == sorted(adist) and adist[0] == 0.0 and adist[-1] > adist[1] > 0
 
 
+@pytest.mark.slow
 def test_all_ones_mask_is_t2va(pipeline, source):
     frames, wave, mask = source
     a = edit(pipeline, source, mask=np.ones_like(mask), audio_mode="regenerate", decode=False)
@@ -269,6 +273,7 @@ def test_all_ones_mask_is_t2va(pipeline, source):
 
 
 # -- node + CLI through the engine (the request is pickled to a worker) -------------------------------------------
+@pytest.mark.slow
 def test_node_and_cli_edit(tmp_path, tiny_h3_dir, source):
     import av
 

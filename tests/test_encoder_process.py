@@ -108,6 +108,7 @@ _PARENT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_dead_parent_leaves_no_encoder_and_no_file(tmp_path):
     path = str(tmp_path / "orphan.mp4")
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1")

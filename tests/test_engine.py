@@ -31,6 +31,7 @@ def worker_pid(eng):
     return eng._executor._procs[0].pid
 
 
+@pytest.mark.slow
 def test_generate_reports_progress_and_persists(engine):
     seen = []
     first = engine.generate(small(), progress=lambda d, t: seen.append((d, t)))
@@ -56,6 +57,7 @@ def test_worker_side_error_leaves_engine_usable(engine):
 
     from comfyui_h3.backend.pipelines.h3.request import ReferenceInput
 
+    engine.start()  # loaded by an earlier test, or now (the fast subset deselects that one)
     pid = worker_pid(engine)
     with pytest.raises(RequestError, match="1:4 and 4:1"):
         engine.generate(small(references=[ReferenceInput("image", image=Image.new("RGB", (200, 10)))]))
@@ -163,6 +165,7 @@ def test_stop_cancels_at_a_step_boundary(engine):
     assert engine.generate(small(steps=1)).frames is not None  # the next prompt works
 
 
+@pytest.mark.slow
 def test_dead_worker_becomes_an_error_and_is_replaced(engine):
     engine.start()
     pid = worker_pid(engine)
@@ -176,6 +179,7 @@ def test_dead_worker_becomes_an_error_and_is_replaced(engine):
     assert result.frames is not None and worker_pid(engine) != pid
 
 
+@pytest.mark.slow
 def test_free_memory_shuts_workers_down_and_next_use_restarts(tiny_h3_dir):
     shutdown_all()  # an engine an earlier test of this process left resident is not this test's to count
     cfg = h3_config(str(tiny_h3_dir), dtype="float32", cpu_threads=1, master_port=29601)
@@ -199,6 +203,7 @@ def test_missing_model_folder_is_a_clear_error(tmp_path):
         eng.generate(small())
 
 
+@pytest.mark.slow
 def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
     """A host killed with SIGKILL (no exit hooks) must not leave its worker and model behind."""
     import subprocess
@@ -232,6 +237,7 @@ def test_worker_exits_when_its_host_dies(tmp_path, tiny_h3_dir):
             host.kill()
 
 
+@pytest.mark.slow
 def test_stop_during_model_load(tiny_h3_dir):
     eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", master_port=29621))
     with pytest.raises(EngineCancelled, match="loading"):

@@ -154,6 +154,7 @@ def pipeline(tiny_h3_dir):
     return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
 
 
+@pytest.mark.slow
 def test_streamed_video_and_audio_decode_equal_whole_decodes(pipeline):
     from comfyui_h3.backend.pipelines.h3.decode import decode_audio, decode_video
     from comfyui_h3.backend.pipelines.h3.stream_decode import StreamingAudioDecoder, StreamingVideoDecoder
@@ -211,6 +212,7 @@ def extended(pipeline):
     return result, seen
 
 
+@pytest.mark.slow
 def test_counts_add_up_and_output_is_the_decode_of_all_latents(pipeline, extended):
     from comfyui_h3.backend.pipelines.h3.decode import decode_audio, decode_video
 
@@ -243,6 +245,7 @@ def test_guide_rows_are_untouched_and_overlaps_discarded(pipeline, extended):
     assert result.video_latents.shape[2] == 37 + added
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_other_seed_differs(pipeline, extended):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
@@ -254,6 +257,7 @@ def test_same_seed_same_result_other_seed_differs(pipeline, extended):
     assert not torch.equal(other.video_latents[:, :, 37:], result.video_latents[:, :, 37:42])
 
 
+@pytest.mark.slow
 def test_extend_from_latents_and_per_window_prompts(pipeline, extended):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
@@ -270,6 +274,7 @@ def test_extend_from_latents_and_per_window_prompts(pipeline, extended):
         run_extend(pipeline, _request(prompts=["a", "b", "c"], added_frames=68))
 
 
+@pytest.mark.slow
 def test_locked_soundtrack_is_the_driving_audio(pipeline):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
@@ -284,6 +289,7 @@ def test_locked_soundtrack_is_the_driving_audio(pipeline):
         run_extend(pipeline, _request(audio_mode="lock", driving_audio=drive[:, :32000], driving_sample_rate=32000))
 
 
+@pytest.mark.slow
 def test_extend_runs_without_the_posix_resource_module(pipeline, monkeypatch):
     """Windows has no `resource` module: the extension task still imports and runs there (its peak-RSS timing is
     informational and left out)."""
@@ -300,6 +306,7 @@ def test_extend_runs_without_the_posix_resource_module(pipeline, monkeypatch):
     assert "peak_rss_mb" not in result.timings and result.frames.shape[0] == 124 + 17
 
 
+@pytest.mark.slow
 def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     from comfyui_h3.backend.media.decode import probe_video
     from comfyui_h3.backend.media.encode import next_free_path
@@ -329,6 +336,7 @@ def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     assert stopped.value.extra["windows_done"] == 0 and not os.path.exists(path2)
 
 
+@pytest.mark.slow
 def test_memory_of_six_windows_stays_near_one(tiny_h3_dir, tmp_path):
     """Each run in a fresh process writing its file (256x448, 124-frame windows: each window adds 102 frames, 35 MB
     as uint8). A leak that grows with windows shows as resident memory rising window after window, and as a higher

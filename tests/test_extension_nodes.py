@@ -59,6 +59,7 @@ def test_prompt_split_and_status_text():
     assert partial_prefix_for("/a/b/clip.mp4") == ("/a/b", "clip_partial")
 
 
+@pytest.mark.slow
 def test_node_streams_to_a_file_chains_and_saves(folders, handle):
     from comfyui_h3.nodes.extend import H3Extend
     from comfyui_h3.nodes.save_video import H3SaveVideo
@@ -97,6 +98,7 @@ def test_node_streams_to_a_file_chains_and_saves(folders, handle):
         H3Extend().extend(handle, "x", 1.0, 2, 39, 39, "continue", 1, 12.0, 3.0, 0)
 
 
+@pytest.mark.slow
 def test_node_stop_keeps_the_finished_windows(folders, handle, monkeypatch):
     import comfyui_h3.nodes.extend as extend_node
     from comfyui_h3.video_types import H3Video
@@ -127,6 +129,7 @@ def test_node_stop_keeps_the_finished_windows(folders, handle, monkeypatch):
     assert out["result"][0].get_frame_count() == 124 + 17
 
 
+@pytest.mark.slow
 def test_cli_extend(tmp_path, tiny_h3_dir):
     from comfyui_h3.backend.media.save import write_mp4
     from comfyui_h3.cli import main

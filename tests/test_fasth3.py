@@ -368,6 +368,7 @@ def run_capturing(pipe, request):
     return result, seen
 
 
+@pytest.mark.slow
 def test_four_steps_of_the_tiny_student_equal_a_float64_reference(tiny_h3_dir, student):
     """The tiny student (its adapter fused at load, learned gates, VSA one dense step then top-3 of 10 tiles) on the
     fasth3 ladder, t2va in float32, equals the float64 reference written here; the reference without the gates, or
@@ -397,6 +398,7 @@ def test_student_engines_run_t2va_on_the_ladder_only(tiny_h3_dir, student):
     assert pipe.c.carries_student("t2va") and not pipe.c.carries_student("ref2va")  # transformer_ref stays base
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_with_the_student_equal_one_rank(tiny_h3_dir, student):
     """Ulysses splits the heads; the gates travel with q, k, v, so 2 ranks give one rank's result."""
     from comfyui_h3.backend.engine import Engine
@@ -495,6 +497,7 @@ def test_cli_tiny_student_is_built_into_the_cache(tmp_path, monkeypatch):
     assert student_file(_parser().parse_args(["generate", "--prompt", "x"])) is None
 
 
+@pytest.mark.slow
 def test_shipped_fasth3_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
     """example_workflows/api/h3_fasth3_text_to_video.api.json through `run` (checked as ComfyUI checks a prompt):
     the tiny model with the tiny student, VSA, schedule fasth3, 4 steps -> a 5-s MP4 with its sound."""
@@ -526,6 +529,7 @@ def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):
     assert_compiled_equals_eager(eager, compiled, layout, plan)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", [dict(adaln="cache"), dict(placement="offload", resident_blocks=0)],
                          ids=["adaln_cache", "offload"])
 def test_student_under_the_weight_policies_equals_resident(tiny_h3_dir, student, policy):

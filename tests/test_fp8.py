@@ -132,6 +132,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_triton_kernels_equal_the_reference_under_the_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed: the fused kernels cannot be interpreted here")
     require_interpreter()
@@ -303,6 +304,7 @@ def test_cli_fp8_flag(tiny_h3_dir, tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_bench_dry_run():
     """bench/fp8_gemm.py --tiny: every part of the GPU benchmark runs (tiny config, CPU, emulated FP8), so a GPU
     run does not fail on a slip in the script."""
@@ -342,6 +344,7 @@ def _fp8_rank(rank, world, port, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_sequence_parallel_fp8_equals_one_rank(tmp_path):
     """Per-row activation scales: 2 Ulysses ranks (gloo) give the single rank's FP8 forward (bit for bit here,
     2026-11-30; bounded well below the FP8-vs-bf16 difference, as GEMM blocking may differ with the row count)."""

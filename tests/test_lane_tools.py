@@ -22,6 +22,7 @@ def _pytest(*args: str) -> subprocess.CompletedProcess:
                           cwd=str(REPO), env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_lane_only_keeps_exactly_the_tests_that_need_a_comfyui():
     """The `comfy` fixture, a fixture that gets it at run time (comfy_lane), or a skipif naming COMFYUI_DIR."""
     run = _pytest("--collect-only", "-q", "--lane-only", "tests/test_workflow_validation.py",

@@ -96,6 +96,7 @@ def test_h3_manifest_reports_the_adaln_cache_bytes(tiny_h3_dir):
     assert cache["table_bytes"] > 0 and cache["weight_bytes_host"] > 0 and cache["weight_bytes_device"] == 0
     assert cache["table_keys"] >= 1 and len(m["stages"]["denoise_steps_s"]) == STEPS
 
+@pytest.mark.slow
 def test_h3_extend_manifest_lists_every_window_step(h3_pipe):
     """An extension runs one denoise per window: the manifest lists every step of every window."""
     import numpy as np
@@ -129,6 +130,7 @@ def test_seedvr2_two_gloo_ranks_give_two_peaks(tmp_path):
     assert [p["rank"] for p in m["peak_memory"]] == [0, 1]
     assert m["engine"]["family"] == "seedvr2" and m["engine"]["sp_degree"] == 2 and m["stages"]["total_s"] > 0
 
+@pytest.mark.slow
 def test_engine_fills_its_fields_and_two_gloo_ranks_give_two_peaks(tiny_h3_dir):
     engine = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
@@ -176,6 +178,7 @@ def _generate(tmp_path, tiny_h3_dir, out, *extra):
                 env_extra={"COMFYUI_H3_CACHE": str(tiny_h3_dir.parent)})
 
 
+@pytest.mark.slow
 def test_cli_generate_manifest_beside_the_output_and_never_over_a_file(tmp_path, tiny_h3_dir):
     out = tmp_path / "clips" / "a.mp4"
     run = _generate(tmp_path, tiny_h3_dir, out, "--manifest")
@@ -196,6 +199,7 @@ def test_cli_generate_manifest_beside_the_output_and_never_over_a_file(tmp_path,
     assert sorted(p.name for p in side.parent.iterdir()) == ["a.mp4", "a.mp4.manifest.json", "b.mp4.manifest.json"]
 
 
+@pytest.mark.slow
 def test_cli_generate_numbered_output_gets_its_manifest(tmp_path, tiny_h3_dir):
     """Without --out the video takes the next free number under ./output; its manifest follows that name."""
     run = _cli("generate", "--model", tiny_h3_dir, "--prompt", "x", "--seconds", 5, "--width", 64, "--height", 64,
@@ -208,6 +212,7 @@ def test_cli_generate_numbered_output_gets_its_manifest(tmp_path, tiny_h3_dir):
         "denoise_steps_s"]) == 1
 
 
+@pytest.mark.slow
 def test_cli_upscale_manifest(tmp_path):
     from comfyui_h3.backend.media.save import write_mp4
     from comfyui_h3.tiny_model import ensure_tiny_seedvr2
@@ -228,6 +233,7 @@ def test_cli_upscale_manifest(tmp_path):
 
 # ---- ComfyUI nodes ------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sample_node_summary_and_save_video_writes_the_manifest(tmp_path, tiny_h3_dir, monkeypatch):
     """H3 Sample attaches the manifest to its VIDEO and shows the summary line on the node; H3 Save Video writes
     `<file>.manifest.json` beside the MP4 (with its own seconds), and never over a file already there."""

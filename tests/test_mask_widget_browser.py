@@ -13,6 +13,7 @@ from comfyui_h3.backend.media.mask_raster import render_state
 pytestmark = NEEDS_BROWSER
 
 
+@pytest.mark.slow
 def test_brush_stroke_is_saved_and_rasterised_the_same():
     run = run_script("browser_check.mjs")
     assert run.returncode == 0, run.stderr[-3000:]

@@ -34,6 +34,7 @@ def _clean_registry():
     engine_module._ENGINES.clear()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2])
 def test_toy_family_beside_h3_both_resident(tiny_h3_dir, world):
     h3 = get_engine(h3_config(str(tiny_h3_dir), device="cpu", dtype="float32", world_size=world))
@@ -98,6 +99,7 @@ def test_engine_executor_and_worker_name_no_family():
         assert not re.search(r"pipelines\.(h3|seedvr2)|\bH3[A-Z]\w*\(|[\"']h3[\"']", text), path
 
 
+@pytest.mark.slow
 def test_interpreter_exit_does_not_wait_for_a_running_job():
     """Workers ignore the terminal's Ctrl-C, so at exit a job running in another thread (ComfyUI's prompt thread)
     must not hold the exit hook up: its workers are killed after 2 s and the job ends with an engine error."""

@@ -62,6 +62,7 @@ def _equal_states(a: torch.nn.Module, b: torch.nn.Module) -> None:
 
 # -- the key maps against ComfyUI's own modules ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_key_maps_make_comfyuis_native_layout_at_the_released_sizes():
     import accelerate
     import diffusers
@@ -142,6 +143,7 @@ def test_dit_from_a_native_file_equals_the_folders(native, tiny_h3_dir):
         load_native_transformer(native / PARTS["transformer"], None)
 
 
+@pytest.mark.slow
 def test_text_encoder_and_vaes_from_native_files_equal_the_folders(native, tiny_h3_dir):
     import diffusers
 
@@ -169,6 +171,7 @@ def test_text_encoder_and_vaes_from_native_files_equal_the_folders(native, tiny_
     _equal_states(fold_weight_norm(folder_audio), native_audio)
 
 
+@pytest.mark.slow
 def test_the_engine_makes_from_native_files_what_it_makes_from_the_folder(native, tiny_h3_dir):
     """Every component from its file, and mixed (a file for the DiT only): latents, frames and sound equal."""
     from comfyui_h3.backend.pipelines.h3.components import EngineOptions, H3Components
@@ -440,6 +443,7 @@ def handle(tiny_h3_dir):
     h.engine().shutdown()
 
 
+@pytest.mark.slow
 def test_extending_a_native_latent_equals_extending_the_same_latents(with_nested_tensor, handle, tmp_path,
                                                                      monkeypatch):
     from comfyui_h3.native_latent import to_native

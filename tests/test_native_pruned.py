@@ -85,6 +85,7 @@ def _run(components, **kw):
     return H3Pipeline(components).run(H3Request(**{**request, **kw}))
 
 
+@pytest.mark.slow
 def test_engine_runs_a_pruned_file_close_to_the_full_dit_and_adaln_cache_is_a_no_op(pruned, tiny_h3_dir):
     from comfyui_h3.backend.pipelines.h3.adaln_cache import AdaLNCache
     from comfyui_h3.backend.pipelines.h3.components import EngineOptions, H3Components

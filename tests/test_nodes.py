@@ -12,6 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_loads_by_path_like_comfyui_without_shadowing_its_nodes_module(tmp_path):
     # A clean interpreter, no install, cwd elsewhere: exactly how ComfyUI's loader imports custom_nodes/<folder>.
     script = textwrap.dedent(f"""
@@ -172,6 +173,7 @@ def test_sample_refuses_sizes_that_do_not_fit_before_any_engine_work(width, heig
         H3Sample().sample(_NoEngine(), "waves", 5.0, width, height, 2, 12.0, 3.0, 0)
 
 
+@pytest.mark.slow
 def test_nodes_end_to_end_and_never_overwrite(tmp_path, monkeypatch, tiny_h3_dir):
     import av
     import numpy as np

@@ -58,6 +58,7 @@ def cases():
                             ReferenceInput("audio", audio=voice, sample_rate=32000)]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,ref_kwargs,our_kwargs", list(cases()), ids=[c[0] for c in cases()])
 def test_matches_reference(pipelines, name, ref_kwargs, our_kwargs):
     ours, ref = pipelines
@@ -117,6 +118,7 @@ def shifted(tiny_h3_dir, tmp_path_factory):
     return ours, ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,ref_kwargs,our_kwargs", [c for c in cases() if c[0] in ("t2va", "fl2va_first_last")],
                          ids=["t2va", "fl2va_first_last"])
 def test_folder_shifts_match_reference(shifted, name, ref_kwargs, our_kwargs):

@@ -164,6 +164,7 @@ def pipe(tiny_h3_dir):
     return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
 
 
+@pytest.mark.slow
 def test_pipeline_previews_at_the_interval_and_nothing_when_off(pipe):
     seen = []
 
@@ -184,6 +185,7 @@ def test_pipeline_previews_at_the_interval_and_nothing_when_off(pipe):
     assert torch.equal(again.weight, fitted.weight) and torch.equal(again.bias, fitted.bias)  # deterministic
 
 
+@pytest.mark.slow
 def test_extension_previews_count_over_its_windows(pipe):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
@@ -199,6 +201,7 @@ def test_extension_previews_count_over_its_windows(pipe):
     assert seen == [(1, 2, False), (2, 2, True)]  # one step per window; the second window's step is the 2nd
 
 
+@pytest.mark.slow
 def test_edit_previews(pipe):
     from comfyui_h3.backend.pipelines.h3.tasks.edit import run_edit
 
@@ -215,6 +218,7 @@ def test_edit_previews(pipe):
     assert seen == [(8, 12, 3), (8, 12, 3)]
 
 
+@pytest.mark.slow
 def test_worker_sends_previews_with_its_progress(tiny_h3_dir):
     """Through the engine's worker process: previews ride the progress messages of steps 2 and 4 (every 2); with
     preview_every 0 no progress call carries one."""
@@ -332,6 +336,7 @@ def test_run_engine_hands_previews_to_comfyui_progress_bar(comfy_args, monkeypat
     assert image.getpixel((0, 0)) == (9, 9, 9)
 
 
+@pytest.mark.slow
 def test_bench_dry_run():
     """bench/preview_cost.py --tiny: every part of the H200 benchmark runs (tiny config and shape, CPU), so a GPU
     run does not fail on a slip in the script."""

@@ -47,6 +47,7 @@ def test_config_checks(tiny_h3_dir):
     assert h3_config(str(tiny_h3_dir)).executor == "mp"
 
 
+@pytest.mark.slow
 @needs_ray
 def test_local_ray_is_started_and_stopped_by_the_executor(tiny_h3_dir):
     """Runs before the module's shared Ray exists: an empty address starts a local Ray, shutdown stops it."""
@@ -89,6 +90,7 @@ def single(tiny_h3_dir):
     return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
 
 
+@pytest.mark.slow
 def test_two_actor_ranks_equal_one_rank(engine, single):
     seen = []
     got = engine.generate(small(), progress=lambda d, t: seen.append((d, t)))
@@ -110,6 +112,7 @@ def test_stop_on_every_rank_then_next_prompt(engine):
     assert engine._executor._actors == actors  # the same actors, the model stayed loaded
 
 
+@pytest.mark.slow
 def test_killed_actor_is_an_error_and_the_group_restarts(engine, ray_cluster):
     engine.start()
     victim = engine._executor._actors[1]
@@ -145,6 +148,7 @@ def _gone(pid, within_s=20.0):
     return False
 
 
+@pytest.mark.slow
 def test_frozen_actor_is_an_error_within_the_bound_and_the_group_restarts(engine, ray_cluster, monkeypatch):
     """A SIGSTOPped actor is not dead to Ray: its missing heartbeats are what tell (the bound shortened here)."""
     import time
@@ -166,6 +170,7 @@ def test_frozen_actor_is_an_error_within_the_bound_and_the_group_restarts(engine
     assert victim not in engine._executor._actors
 
 
+@pytest.mark.slow
 def test_stop_with_a_frozen_actor_returns_within_seconds(engine, ray_cluster, monkeypatch):
     import time
 

@@ -116,6 +116,7 @@ def _our_references(path: str, how: str, voice: str):
     return build_references(None, H3FileVideo(path, force_rate=24), None) + [audio]  # H3 Load Video's default
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["cli", "node"])
 def test_ref2va_with_a_video_file_reference_matches_diffusers(pipelines, files, how):
     ours, ref = pipelines

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from comfyui_h3.install_samples import SAMPLE_DIR, SAMPLE_FILES, install_sample_inputs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,6 +112,7 @@ def test_failures_are_reported_not_raised(tmp_path, monkeypatch, caplog):
     assert "No space left on device" in caplog.text and os.listdir(tmp_path / "in") == []
 
 
+@pytest.mark.slow
 def test_loading_the_pack_in_comfyui_installs_them(tmp_path):
     """The pack as ComfyUI loads it (folder_paths and model management already imported): the samples appear in
     ComfyUI's input folder, a same-named different file stays, and the log says so."""

@@ -361,6 +361,7 @@ def _decoded(path):
         return frames, (video.width, video.height), float(video.average_rate), len(container.streams.audio)
 
 
+@pytest.mark.slow
 def test_upscale_a_video_keeps_its_frames_rate_and_sound(tiny_engine, tmp_path):
     from comfyui_h3.nodes.save_video import H3SaveVideo
     from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale

@@ -234,6 +234,7 @@ def _min_rank(rank, world, port, out):
     leave_group()
 
 
+@pytest.mark.slow
 def test_every_rank_plans_from_the_least_free_memory():
     """SeedVR2 ranks choose the batch from the least free memory over all ranks (the same batch everywhere, or a
     refusal everywhere): ParallelContext.min on 2 gloo ranks."""

@@ -15,6 +15,8 @@ import pytest
 
 from triton_interpreter import require_interpreter
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 pytest.importorskip("triton", reason="the VAE kernels are Triton kernels")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -120,6 +120,7 @@ def test_one_tile_is_the_plain_pass_bitwise(vae):
     assert rel(vt.tiled_decode(vae, mean, 1024, force=True), out) <= 1e-5
 
 
+@pytest.mark.slow
 def test_tiled_vs_whole_within_the_stated_tolerance(vae):
     x = smooth_video(5, 96, 160)
     mean, logvar = vae.encode(x)
@@ -134,6 +135,7 @@ def test_tiled_vs_whole_within_the_stated_tolerance(vae):
     assert rel(own, out) >= 2 * rel(dec, out)
 
 
+@pytest.mark.slow
 def test_odd_latent_sizes_and_edge_tiles(vae):
     g = torch.Generator().manual_seed(1)
     z = torch.randn(1, 16, 2, 13, 19, generator=g) * 0.5  # odd latent grid: 104 x 152 output pixels
@@ -217,6 +219,7 @@ def pipe(tmp_path_factory):
     return config.build_pipeline(0)
 
 
+@pytest.mark.slow
 def test_pipeline_with_a_vae_tile_on_the_tiny_files(pipe):
     video = _frames(5, 32, 48)  # x4 -> 128 x 192
     plain = pipe.run(UpscaleRequest(video, scale=4.0, seed=1)).frames
@@ -268,6 +271,7 @@ def test_node_and_cli_pass_the_vae_tile_and_refuse_bad_ones_before_any_work(tmp_
     assert "VAE tile 100 must be 0" in capsys.readouterr().err and not (tmp_path / "o.mp4").exists()
 
 
+@pytest.mark.slow
 def test_bench_stage_runs_tiny_on_the_cpu():
     """bench/seedvr2.py vae_tiling --tiny (the H200 run's code on the tiny VAE): a whole pass, then each tile with
     frame and with tile statistics, errors measured against the whole pass."""

@@ -338,6 +338,7 @@ def test_stop_reaches_between_the_objects_of_a_frame_with_the_most_objects_allow
     assert time.monotonic() - when < 30  # generous: the old code decoded the other 20+ objects of the frame first
 
 
+@pytest.mark.slow
 def test_a_session_holds_a_fixed_window_of_frames_and_tracks_the_same(tiny, monkeypatch):
     """The session used to keep every object's outputs (full-size masks included) for every frame: memory grew with
     objects x frames (5000 objects: 4.7 GB). Now it keeps the tracker's reach either side, with the same masks."""
@@ -399,6 +400,7 @@ def test_models_load_once_per_folder_device_and_dtype(tiny):
     assert cached_track_models() == [] and load_track_model(tiny["sam2"], "cpu") is not first
 
 
+@pytest.mark.slow
 def test_the_bench_runs_its_tiny_dry_run(tmp_path):
     """bench/track_mask.py --tiny: the GPU bench's whole path (build, save, load as the node loads, track, time) on
     the CPU, ending in one JSON line."""

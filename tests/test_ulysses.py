@@ -62,6 +62,7 @@ def _rank(rank, world, port, out_dir):
     leave_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_forward_equals_single_rank(tmp_path, world):
     with torch.no_grad():
@@ -97,6 +98,7 @@ def single(tiny_h3_dir):
     return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(small())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_on_n_ranks_equals_one(tiny_h3_dir, single, world):
     from PIL import Image
@@ -118,6 +120,7 @@ def test_engine_on_n_ranks_equals_one(tiny_h3_dir, single, world):
     assert ((keyed.video_latents - want.video_latents).norm() / want.video_latents.norm()).item() <= 1e-4
 
 
+@pytest.mark.slow
 def test_a_request_error_only_rank_0_sees_leaves_both_ranks_in_step(tiny_h3_dir, single):
     """Rank 0 alone encodes the prompt and references; when it refuses one (a reference video shorter than the
     processor takes) every rank fails the job with rank 0's message, the group is kept, and the next job pairs its
@@ -142,6 +145,7 @@ def test_a_request_error_only_rank_0_sees_leaves_both_ranks_in_step(tiny_h3_dir,
         eng.shutdown()
 
 
+@pytest.mark.slow
 def test_stop_and_dead_rank_on_two_ranks(tiny_h3_dir):
     eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
     try:
@@ -188,6 +192,7 @@ def _decode_rank(rank, world, port, folder, latents_path, out_dir, stop_rank=-1)
     leave_group()
 
 
+@pytest.mark.slow
 def test_stop_asked_of_one_rank_during_the_shared_decode_stops_every_rank(tmp_path, tiny_h3_dir):
     """Stop between VAE clips (a long decode is not a denoise step): the ranks agree before any clip is exchanged,
     so every rank stops and none is left in a broadcast."""
@@ -212,6 +217,7 @@ def test_stop_during_the_decode_of_one_rank(tiny_h3_dir):
         pipe.run(small(steps=1), should_stop=stop_after_the_denoise)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_vae_decode_shared_across_ranks_is_bitwise_equal(tmp_path, tiny_h3_dir, world):
     from diffusers import AutoencoderKLMiniMaxH3
@@ -229,6 +235,7 @@ def test_vae_decode_shared_across_ranks_is_bitwise_equal(tmp_path, tiny_h3_dir, 
     assert all(torch.load(tmp_path / f"frames{r}.pt") is None for r in range(1, world))
 
 
+@pytest.mark.slow
 def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
     """Editing (per-row timesteps) and extension (guide rows, shifted clocks, streamed file on rank 0) on 2 gloo
     ranks against the 1-rank pipeline."""
@@ -269,6 +276,7 @@ def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
     assert got_ext.extend["frames_written"] == 124 + 51 == probe_video(path).frame_count
 
 
+@pytest.mark.slow
 def test_stop_on_two_ranks_keeps_the_windows_rank_0_published(tiny_h3_dir, tmp_path):
     """Every rank stops at the same step; rank 1 reports at once while rank 0 still publishes the finished windows:
     the engine waits for rank 0's report, which names the partial file."""

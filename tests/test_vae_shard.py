@@ -200,6 +200,7 @@ def _check_vae(world, results, device="cpu", exact=True):
             assert all(res["decode"][(t, step, str(dtype))] is None for res in results[1:])
 
 
+@pytest.mark.slow
 def test_encode_and_decode_on_gloo_ranks_equal_one_rank_bitwise(ranks):
     _check_vae(*ranks)
 
@@ -224,6 +225,7 @@ def test_restore_batch_on_gloo_ranks_equals_one_rank_bitwise(ranks, tiny_dir):
     _check_restore(ranks[1], tiny_dir)
 
 
+@pytest.mark.slow
 def test_engine_on_two_ranks_equals_one(tiny_dir):
     """The whole pipeline through the mp executor on 2 gloo ranks (window SP for the DiT, the VAE spread): the frames
     of one rank up to a rounding step (the DiT's text sums add in another order), over several batches."""
@@ -260,6 +262,7 @@ def test_cuda_ranks_equal_one_gpu(tmp_path, tiny_dir, backend):
     _check_restore(results, tiny_dir, "cuda:0", exact=False)
 
 
+@pytest.mark.slow
 def test_bench_sp_pipeline_runs_tiny_on_cpu_ranks():
     """bench/seedvr2.py sp --pipeline (the multi-GPU run's code) on the tiny files and 2 gloo CPU ranks: stages and
     peaks per rank, the one-rank reference and the uint8 difference."""

@@ -30,6 +30,7 @@ def _doc_under(view: dict, page_xy) -> tuple[float, float]:
     return ((page_xy[0] - box[0] - v["ox"]) / v["scale"], (page_xy[1] - box[1] - v["oy"]) / v["scale"])
 
 
+@pytest.mark.slow
 def test_dialog_fills_the_window_and_scrubs(seen):
     opened = seen["maskOpened"]
     assert opened["overlayBox"] == [0, 0, *opened["window"]]

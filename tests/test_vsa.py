@@ -242,12 +242,14 @@ def _vsa_run(tiny_h3_dir, spec):
     return h3_config(str(tiny_h3_dir), dtype="float32", attention=spec).build_pipeline(0).run(_t2va())
 
 
+@pytest.mark.slow
 def test_tiny_t2va_all_dense_steps_equals_dense_bitwise(tiny_h3_dir, dense_run):
     got = _vsa_run(tiny_h3_dir, "vsa:topk=1,dense=3")
     assert torch.equal(got.video_latents, dense_run.video_latents)
     assert torch.equal(got.audio_latents, dense_run.audio_latents)
 
 
+@pytest.mark.slow
 def test_tiny_t2va_in_tile_order_with_every_tile_matches_dense(tiny_h3_dir, dense_run):
     """Rows run in tile order for the whole request (the permutation through the DiT's layout) and every tile is
     selected: the same latents as dense to float32 reordering noise. A wrong permutation would be far off."""
@@ -299,6 +301,7 @@ def test_cli_vsa_options_without_vsa_are_refused():
         attention_name(_parser().parse_args(["generate", "--prompt", "x", "--attention", "flash9"]))
 
 
+@pytest.mark.slow
 def test_bench_dry_run():
     """bench/vsa.py --tiny: every part of the H200 benchmark runs (tiny config, CPU, torch fallback), so a GPU run
     does not fail on a slip in the script."""
@@ -320,6 +323,7 @@ def test_bench_dry_run():
     assert projection["vsa_request_s"] == pytest.approx(want) and parts[5]["rows"] < plan["rows"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(triton is None, reason="triton is not installed: the kernels cannot be interpreted")
 def test_bench_kernel_only_dry_run():
     """bench/vsa.py --kernel-only --tiny: the H200 kernel comparison's script path (the selection's parts, every
@@ -359,6 +363,7 @@ def test_local_selection_is_each_tiles_nearest_window():
     assert sel[0, 0, 9].tolist() == [6, 7, 8, 9]  # shifted inside the grid, still 4 distinct tiles, ascending
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fl2va", "edit", "extend"])
 def test_tiny_other_layouts_in_tile_order_match_dense(tiny_h3_dir, name):
     """Keyframe condition rows, per-row edit timesteps and extension guide rows: all ride in the prefix / tiles and
@@ -372,6 +377,7 @@ def test_tiny_other_layouts_in_tile_order_match_dense(tiny_h3_dir, name):
     assert rel_err(got.audio_latents, want.audio_latents) < 1e-4
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_vsa_equals_one_rank(tiny_h3_dir):
     """Ulysses splits the heads; the rule works per head on the whole sequence, so 2 ranks give one rank's result."""
     from comfyui_h3.backend.engine import Engine
@@ -440,6 +446,7 @@ def test_tiny_t2va_vsa_with_the_adaln_cache(tiny_h3_dir, dense_run):
     assert rel_err(cached.video_latents, dense_run.video_latents) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [["tiny"], ["full", "--tiny"]], ids=["tiny-folder", "random-in-memory"])
 def test_bench_quality_dry_run(model):
     """bench/vsa.py --quality tiny|full: the quality table (final latents vs dense per setting) runs end to end (full

@@ -13,6 +13,8 @@ import pytest
 from comfyui_h3.backend.attention.vsa_kernel import triton
 from triton_interpreter import require_interpreter
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -43,6 +43,7 @@ _INTERPRETED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(triton is None, reason="triton is not installed: the top-k kernel cannot be interpreted")
 def test_triton_topk_interpreted_matches_torch():
     require_interpreter()

@@ -396,6 +396,7 @@ def _check_dit(world, results, device="cpu"):
         assert all(res["dit"][variant] is None for res in results[1:])
 
 
+@pytest.mark.slow
 def test_rows_follow_the_layers_and_text_sums_reduce_on_gloo_ranks(ranks):
     _check_moves(*ranks)
 

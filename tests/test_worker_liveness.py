@@ -47,6 +47,7 @@ def engine_for(tiny_h3_dir, world=1):
     return Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=world, cpu_threads=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world,victim", [(1, 0), (2, 1)])
 def test_frozen_worker_is_an_error_within_the_bound_and_the_next_job_runs(tiny_h3_dir, monkeypatch, world, victim):
     monkeypatch.setenv(ENV_WORKER, str(BOUND_S))
@@ -69,6 +70,7 @@ def test_frozen_worker_is_an_error_within_the_bound_and_the_next_job_runs(tiny_h
         eng.shutdown()
 
 
+@pytest.mark.slow
 def test_stop_with_a_frozen_worker_returns_within_seconds(tiny_h3_dir, monkeypatch):
     monkeypatch.delenv(ENV_WORKER, raising=False)  # the default (60 s) bound: it is Stop that must end the wait
     eng = engine_for(tiny_h3_dir)
@@ -86,6 +88,7 @@ def test_stop_with_a_frozen_worker_returns_within_seconds(tiny_h3_dir, monkeypat
         eng.shutdown()
 
 
+@pytest.mark.slow
 def test_deadlocked_collective_is_caught_by_the_progress_bound(tiny_h3_dir, monkeypatch):
     """Rank 1 frozen, rank 0 blocked in the step's all-to-all: rank 0's heartbeat thread still beats (as it does in
     a hung device call), so only the absence of step progress tells."""

@@ -16,6 +16,8 @@ from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor import mp_executor
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
+pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
+
 REQUEST = dict(prompt="rain on a tin roof", num_frames=124, steps=1, seed=5, width=64, height=64)
 needs_forkserver = pytest.mark.skipif(
     "forkserver" not in __import__("multiprocessing").get_all_start_methods(),
