@@ -162,7 +162,7 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
     from . import comfy_services as services
     from .cli_signals import stop_requested
     from .backend.engine import EngineCancelled, get_engine
-    from .backend.pipelines.h3.options import engine_config
+    from .backend.pipelines.h3.family import engine_config
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     engine = get_engine(engine_config(

@@ -6,7 +6,8 @@ from __future__ import annotations
 from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import resolve_devices  # noqa: F401 - seedvr2_loader's too
-from ..backend.pipelines.h3.options import ENGINE, engine_config, resident_blocks_input
+from ..backend.pipelines.h3.family import engine_config
+from ..backend.pipelines.h3.options import ENGINE, resident_blocks_input
 from ..native_setup import COMPONENTS as NATIVE_COMPONENTS, NATIVE_ONLY, release_model_dir
 from ..tiny_model import TINY_NAME, TINY_STUDENT_NAME, ensure_tiny_model, ensure_tiny_student
 from ..types import H3EngineHandle

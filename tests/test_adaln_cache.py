@@ -4,7 +4,6 @@ and extend (several windows, guide rows), on one rank and on 2 gloo ranks; no pr
 a key missing mid-request rebuilt; a Stop or a failure during a rebuild leaves a working pipeline; a plan whose tables
 would outweigh the weights runs on the direct projection; the option in the loader node and the CLI."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -13,49 +12,11 @@ from comfyui_h3.backend.errors import Cancelled
 from comfyui_h3.backend.pipelines.h3 import adaln_cache
 from comfyui_h3.backend.pipelines.h3.adaln_cache import StepInfo
 from comfyui_h3.backend.pipelines.h3.family import h3_config
-from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest, H3Request
 from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
 
+from h3_requests import REQUESTS, edit, extend, t2va  # noqa: F401
+
 CACHE = WeightPolicy(adaln="cache")
-
-
-def t2va(**kw):
-    base = dict(prompt="thunder over hills", num_frames=124, steps=3, seed=9, width=64, height=64, decode=False)
-    base.update(kw)
-    return H3Request(**base)
-
-
-def _media():
-    rng = np.random.default_rng(4)
-    frames = rng.integers(0, 256, (124, 64, 96, 3), dtype=np.uint8)
-    wave = torch.from_numpy(rng.standard_normal((2, 32000 * 5)).astype(np.float32) * 0.1)
-    return frames, wave
-
-
-def edit():
-    """A left-to-right ramp mask, no grow / feather: every token column regenerates by its own amount, so each step
-    has several per-row timesteps (and the audio blends at its own level)."""
-    frames, wave = _media()
-    mask = np.tile(np.linspace(0.0, 1.0, 96, dtype=np.float32), (64, 1))
-    return H3Request(prompt="a boat", steps=2, seed=3, source_frames=frames, mask=mask, preset="replace",
-                     mask_grow=0, mask_feather=0, audio_mode="blend", audio_level=0.5, source_audio=wave,
-                     source_sample_rate=32000, decode=False)
-
-
-def extend():
-    frames, wave = _media()
-    return H3ExtendRequest(prompts=["waves"], added_frames=51, window_frames=56, overlap_frames=22, steps=2, seed=1,
-                           source_frames=frames, source_audio=wave, source_sample_rate=32000)
-
-
-REQUESTS = {"t2va": t2va, "fl2va": lambda: t2va(first_frame=_keyframe(), width=None, height=None),
-            "edit": edit, "extend": extend}
-
-
-def _keyframe():
-    from PIL import Image
-
-    return Image.new("RGB", (96, 64), (200, 80, 10))
 
 
 def _same(got, want):

@@ -3,28 +3,11 @@ workflow, the demo, and clear errors for bad input that leave nothing behind."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cli(*args, cwd, cache, timeout=600):
-    env = dict(os.environ, PYTHONPATH=REPO, COMFYUI_H3_CACHE=str(cache))
-    return subprocess.run([sys.executable, "-m", "comfyui_h3", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def streams(path):
-    import av
-
-    with av.open(str(path)) as container:
-        frames = sum(1 for _ in container.decode(video=0))
-        audio = container.streams.audio[0]
-        return frames, float(container.streams.video[0].average_rate), audio.rate, audio.channels
+from cli_helpers import REPO, cli, streams  # noqa: F401 - REPO for the tests below
 
 
 @pytest.mark.slow

@@ -4,13 +4,11 @@ result where a run is needed; a real full file system (a 64 KB tmpfs) is used wh
 
 import errno
 import os
-import subprocess
-import uuid
 
 import pytest
 import torch
 
-from test_cli_outputs import _generate, _listing, canned_engine  # noqa: F401 - the fixture is used by name
+from cli_helpers import listing, run_generate
 
 
 def _one_line(err: str) -> str:
@@ -29,9 +27,9 @@ def test_safetensors_error_is_one_line(tmp_path, canned_engine, monkeypatch, cap
                               "message: \"No space left on device\" })")
 
     monkeypatch.setattr(cli_generate, "save_latents_file", broken)
-    rc = _generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
+    rc = run_generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
     err = _one_line(capsys.readouterr().err)
-    assert rc == 2 and "l.safetensors: No space left on device" in err and _listing(tmp_path) == []
+    assert rc == 2 and "l.safetensors: No space left on device" in err and listing(tmp_path) == []
 
 
 def test_worker_report_is_one_line_and_its_traceback_is_opt_in(tmp_path, monkeypatch, capsys):
@@ -46,11 +44,11 @@ def test_worker_report_is_one_line_and_its_traceback_is_opt_in(tmp_path, monkeyp
     monkeypatch.setattr(cli_generate, "run_on_engine", failing)
     monkeypatch.setattr(cli, "_resolve_model", lambda name: "/nonexistent-model")
     monkeypatch.delenv("COMFYUI_H3_DEBUG", raising=False)
-    assert _generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
+    assert run_generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
     err = _one_line(capsys.readouterr().err)
     assert "x.safetensors is truncated" in err and "COMFYUI_H3_DEBUG=1" in err
     monkeypatch.setenv("COMFYUI_H3_DEBUG", "1")
-    assert _generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
+    assert run_generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
     assert "worker.py" in capsys.readouterr().err
 
 
@@ -65,7 +63,7 @@ def test_multi_line_reports_keep_every_line_on_one(tmp_path, monkeypatch, capsys
 
     monkeypatch.setattr(cli_generate, "run_on_engine", refused)
     monkeypatch.setattr(cli, "_resolve_model", lambda name: "/nonexistent-model")
-    assert _generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
+    assert run_generate(tmp_path, "--out", tmp_path / "v.mp4") == 2
     err = _one_line(capsys.readouterr().err)
     assert "failed validation); node 2 (H3_Sample): Value 0" in err and "node 3 (H3_SaveVideo)" in err
 
@@ -94,22 +92,6 @@ def test_bugs_keep_their_traceback(monkeypatch):
         main(["make-tiny", "--out", "/out/tiny"])
 
 
-@pytest.fixture
-def full_filesystem(tmp_path):
-    """A 64 KB tmpfs (needs root and mount rights in this container; skipped, saying so, otherwise)."""
-    mount = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or 'mount failed'}); "
-                    "test_cli_outputs.py covers the same path with an injected ENOSPC")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
-
-
 def test_generate_onto_a_full_filesystem(full_filesystem, canned_engine, monkeypatch, capsys):  # noqa: F811
     from comfyui_h3.backend.pipelines.h3.request import H3Result
 
@@ -119,8 +101,8 @@ def test_generate_onto_a_full_filesystem(full_filesystem, canned_engine, monkeyp
     monkeypatch.setattr(cli_generate, "run_on_engine", lambda *a, **k: H3Result(
         task="t2va", video_latents=torch.randn(1, 24, 37, 2, 4), audio_latents=torch.randn(2, 32, 207),
         frames=noise, audio=torch.zeros(2, 165334), sample_rate=32000))
-    rc = _generate(full_filesystem, "--out", full_filesystem / "v.mp4", "--save-latents",
+    rc = run_generate(full_filesystem, "--out", full_filesystem / "v.mp4", "--save-latents",
                    full_filesystem / "l.safetensors")
     err = _one_line(capsys.readouterr().err)
     assert rc == 2 and "No space left on device" in err
-    assert _listing(full_filesystem) == []  # nothing half-written, no temporaries
+    assert listing(full_filesystem) == []  # nothing half-written, no temporaries

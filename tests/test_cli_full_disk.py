@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from test_cli_errors import full_filesystem  # noqa: F401 - the fixture is used by name
 
 
 def _noise_mp4(path, frames, size):

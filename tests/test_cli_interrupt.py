@@ -6,43 +6,19 @@ as in ComfyUI) takes the same Stop."""
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
-import time
 
 import av
 import numpy as np
 import pytest
 import torch
 
+from cli_helpers import assert_no_worker_left, lines_after_sigint, run_and_interrupt
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINDOW, OVERLAP, SOURCE = 56, 22, 124
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds worker processes through /proc")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                ppid = int(re.search(r"^PPid:\s*(\d+)", handle.read(), re.M).group(1))
-        except (OSError, AttributeError):
-            continue
-        if ppid == pid:
-            found.append(int(entry))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            return not re.search(r"^State:\s*Z", handle.read(), re.M)
-    except OSError:
-        return False
 
 
 def source_clip(path):
@@ -56,54 +32,6 @@ def source_clip(path):
 
 def env_for(tiny_h3_dir):
     return dict(os.environ, PYTHONPATH=REPO, COMFYUI_H3_CACHE=str(tiny_h3_dir.parent))
-
-
-def run_and_interrupt(cmd, cwd, env, ready, sig=signal.SIGINT):
-    """Start `cmd` in its own session, send SIGINT to its whole process group (what a terminal does) once a stderr
-    line satisfies `ready`. -> (returncode, stdout, stderr with a '<SIGINT>' line where it was sent, worker pids).
-    `sig` SIGTERM: sent to the command's process only, as `timeout` or a service manager does."""
-    # Its own session: the test's process group (pytest) never sees the SIGINT, as a terminal's other jobs do not.
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    lines, interrupted, workers = [], threading.Event(), []
-
-    def read_stderr():
-        for line in proc.stderr:
-            lines.append(line)
-            if ready(line) and not interrupted.is_set():
-                workers.extend(children(proc.pid))
-                interrupted.set()
-                lines.append("<SIGINT>\n")
-                if sig == signal.SIGINT:
-                    os.killpg(proc.pid, signal.SIGINT)
-                else:
-                    os.kill(proc.pid, sig)
-
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    try:
-        stdout = proc.stdout.read()
-        proc.wait(timeout=300)
-        reader.join(30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    stderr = "".join(lines)
-    assert interrupted.is_set(), f"the run ended before it was interrupted:\n{stderr}"
-    return proc.returncode, stdout, stderr, workers
-
-
-def lines_after_sigint(stderr: str) -> list[str]:
-    """What the command printed after the SIGINT, progress lines aside."""
-    return [ln for ln in stderr.split("<SIGINT>\n", 1)[1].splitlines() if ln.strip() and "[comfyui-h3]" not in ln]
-
-
-def assert_no_worker_left(workers):
-    assert workers, "no worker process was seen"
-    deadline = time.monotonic() + 15
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [pid for pid in workers if alive(pid)], "a worker outlived the CLI"
 
 
 @pytest.mark.slow

@@ -6,51 +6,16 @@ import errno
 import os
 
 import pytest
-import torch
 
 from comfyui_h3.cli_outputs import CliOutputs, OutputError
 
-
-def _result():
-    from comfyui_h3.backend.pipelines.h3.request import H3Result
-
-    frames = torch.linspace(0, 255, 124).round().to(torch.uint8).view(124, 1, 1, 1).expand(124, 32, 64, 3)
-    return H3Result(task="t2va", video_latents=torch.randn(1, 24, 37, 2, 4), audio_latents=torch.randn(2, 32, 207),
-                    frames=frames.contiguous(), audio=torch.zeros(2, 165334), sample_rate=32000)
-
-
-@pytest.fixture
-def canned_engine(monkeypatch):
-    """generate / edit get `_result()` without a model, and no model folder is resolved."""
-    import comfyui_h3.cli as cli
-    import comfyui_h3.cli_generate as cli_generate
-
-    calls = []
-
-    def run_on_engine(args, model_dir, request, desc, status=None, on_cancelled=None):
-        calls.append(request)
-        return _result()
-
-    monkeypatch.setattr(cli_generate, "run_on_engine", run_on_engine)
-    monkeypatch.setattr(cli, "_resolve_model", lambda name: "/nonexistent-model")
-    return calls
-
-
-def _generate(tmp_path, *extra):
-    from comfyui_h3.cli import main
-
-    return main(["generate", "--prompt", "x", "--frames", "124", "--width", "64", "--height", "32", *map(str, extra)])
-
-
-def _listing(root):
-    return sorted(os.path.relpath(os.path.join(folder, name), root)
-                  for folder, _, names in os.walk(root) for name in names)
+from cli_helpers import listing, run_generate
 
 
 def test_generate_publishes_video_and_latents_together(tmp_path, canned_engine, capsys):
-    rc = _generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
+    rc = run_generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
     assert rc == 0
-    assert _listing(tmp_path) == ["l.safetensors", "v.mp4"]  # no temporaries left
+    assert listing(tmp_path) == ["l.safetensors", "v.mp4"]  # no temporaries left
     assert capsys.readouterr().out.split() == [str(tmp_path / "l.safetensors"), str(tmp_path / "v.mp4")]
 
 
@@ -63,10 +28,10 @@ def test_generate_that_fails_writing_the_video_leaves_no_latents(tmp_path, canne
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
 
     monkeypatch.setattr(save, "write_mp4", full_disk)
-    rc = _generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
+    rc = run_generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
     err = capsys.readouterr().err
     assert rc == 2
-    assert _listing(tmp_path) == []  # neither the (complete) latents nor the partial video, nor a temporary
+    assert listing(tmp_path) == []  # neither the (complete) latents nor the partial video, nor a temporary
     assert err.count("\n") == 1 and "No space left on device" in err and "v.mp4" in err and "Traceback" not in err
 
 
@@ -77,8 +42,8 @@ def test_generate_that_fails_writing_the_latents_leaves_no_video(tmp_path, canne
         raise OSError(errno.EIO, os.strerror(errno.EIO), path)
 
     monkeypatch.setattr(cli_generate, "save_latents_file", broken)
-    rc = _generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
-    assert rc == 2 and _listing(tmp_path) == []
+    rc = run_generate(tmp_path, "--out", tmp_path / "v.mp4", "--save-latents", tmp_path / "l.safetensors")
+    assert rc == 2 and listing(tmp_path) == []
     assert "l.safetensors" in capsys.readouterr().err
 
 
@@ -91,7 +56,7 @@ def test_publish_takes_back_what_it_published_when_a_later_name_is_taken(tmp_pat
         (tmp_path / "b.bin").write_bytes(b"someone else's")  # appears while the command runs
         with pytest.raises(FileExistsError, match="b.bin"):
             outputs.publish()
-    assert _listing(tmp_path) == ["b.bin"] and (tmp_path / "b.bin").read_bytes() == b"someone else's"
+    assert listing(tmp_path) == ["b.bin"] and (tmp_path / "b.bin").read_bytes() == b"someone else's"
 
 
 def test_numbered_output_takes_the_first_free_number_at_the_end(tmp_path):
@@ -103,7 +68,7 @@ def test_numbered_output_takes_the_first_free_number_at_the_end(tmp_path):
         outputs.write(key, lambda tmp: open(tmp, "wb").write(b"new"))
         (path,) = outputs.publish()
     assert path == str(tmp_path / "out" / "h3_00002.mp4") and open(path, "rb").read() == b"new"
-    assert _listing(tmp_path / "out") == ["h3_00001.mp4", "h3_00002.mp4"]
+    assert listing(tmp_path / "out") == ["h3_00001.mp4", "h3_00002.mp4"]
 
 
 def test_an_exception_while_writing_removes_every_temporary(tmp_path):
@@ -113,7 +78,7 @@ def test_an_exception_while_writing_removes_every_temporary(tmp_path):
         with outputs:
             outputs.write(key, lambda tmp: open(tmp, "wb").write(b"a"))
             raise KeyError("stop")
-    assert _listing(tmp_path) == []
+    assert listing(tmp_path) == []
 
 
 def test_write_errors_name_the_output(tmp_path):
@@ -128,4 +93,4 @@ def test_write_errors_name_the_output(tmp_path):
 
     with outputs, pytest.raises(OutputError, match=r"Could not write .*a\.bin: No space left on device\.$"):
         outputs.write(key, encoder_thread_failure)
-    assert _listing(tmp_path) == []
+    assert listing(tmp_path) == []

@@ -11,7 +11,7 @@ import av
 import pytest
 import torch
 
-from test_cli_interrupt import assert_no_worker_left, lines_after_sigint, run_and_interrupt
+from cli_helpers import assert_no_worker_left, lines_after_sigint, run_and_interrupt
 
 pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
 

@@ -19,6 +19,8 @@ from comfyui_h3.backend.pipelines.h3.geometry import AUDIO_TAG, VIDEO_TAG, Reque
 from comfyui_h3.backend.pipelines.h3.layout import build_layout
 from comfyui_h3.backend.pipelines.h3.request import H3ExtendRequest
 
+from h3_requests import extension_request, extension_source
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATCH = (1, 2, 2)
 
@@ -180,21 +182,6 @@ def test_streamed_video_and_audio_decode_equal_whole_decodes(pipeline):
 
 
 # -- the loop on the tiny model -------------------------------------------------------------------------------------
-def _source(seed=0, frames=130):
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:64, 0:96]
-    base = np.stack([x * 2, y * 3, x + y], -1).astype(np.int64)
-    video = np.stack([(base + 4 * t + rng.integers(0, 16, base.shape)) % 256 for t in range(frames)]).astype(np.uint8)
-    wave = torch.from_numpy(rng.standard_normal((2, 32000 * 6)).astype(np.float32) * 0.1)
-    return video, wave
-
-
-def _request(**kw):
-    video, wave = _source()
-    args = dict(prompts=["a red kite over the sea, wind"], added_frames=17 * 7, window_frames=56, overlap_frames=22,
-                source_frames=video, source_audio=wave, source_sample_rate=32000, steps=2, seed=5)
-    args.update(kw)
-    return H3ExtendRequest(**args)
 
 
 @pytest.fixture(scope="module")
@@ -208,7 +195,7 @@ def extended(pipeline):
         seen.append((k, torch.equal(v0[:ncv], v1[:ncv]), torch.equal(a0[:nca], a1[:nca]),
                      not torch.equal(v0[ncv:], v1[ncv:])))
 
-    result = run_extend(pipeline, _request(), observe=observe)
+    result = run_extend(pipeline, extension_request(), observe=observe)
     return result, seen
 
 
@@ -228,7 +215,7 @@ def test_counts_add_up_and_output_is_the_decode_of_all_latents(pipeline, extende
     torch.testing.assert_close(result.audio, decode_audio(c.audio_vae, result.audio_latents, "cpu"), rtol=0,
                                atol=2e-5)
     # the source part is the source's own decode (but the VAE's last cross-fade into the continuation)
-    src_latents = c.cond.encode_video(_source()[0][:124])
+    src_latents = c.cond.encode_video(extension_source()[0][:124])
     assert torch.equal(result.video_latents[:, :, :src_latents.shape[2]], src_latents)
     src_frames = decode_video(c.vae, src_latents, "cpu")
     keep = 124 - c.vae.frame_overlap
@@ -250,10 +237,10 @@ def test_same_seed_same_result_other_seed_differs(pipeline, extended):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     result, _ = extended
-    again = run_extend(pipeline, _request())
+    again = run_extend(pipeline, extension_request())
     assert torch.equal(again.video_latents, result.video_latents) and torch.equal(again.frames, result.frames)
     assert torch.equal(again.audio, result.audio)
-    other = run_extend(pipeline, _request(seed=6, added_frames=17))
+    other = run_extend(pipeline, extension_request(seed=6, added_frames=17))
     assert not torch.equal(other.video_latents[:, :, 37:], result.video_latents[:, :, 37:42])
 
 
@@ -271,7 +258,7 @@ def test_extend_from_latents_and_per_window_prompts(pipeline, extended):
     assert torch.equal(more.audio_latents[:, :, :result.audio_latents.shape[2]], result.audio_latents)
     assert more.extend["total_frames"] == 243 + 68 == more.frames.shape[0]
     with pytest.raises(RequestError, match="3 prompts for 2 windows"):
-        run_extend(pipeline, _request(prompts=["a", "b", "c"], added_frames=68))
+        run_extend(pipeline, extension_request(prompts=["a", "b", "c"], added_frames=68))
 
 
 @pytest.mark.slow
@@ -279,14 +266,14 @@ def test_locked_soundtrack_is_the_driving_audio(pipeline):
     from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
 
     drive = torch.sin(torch.arange(32000 * 11) / 32000 * 2 * np.pi * 220)[None].repeat(2, 1) * 0.3
-    result = run_extend(pipeline, _request(audio_mode="lock", driving_audio=drive, driving_sample_rate=32000,
+    result = run_extend(pipeline, extension_request(audio_mode="lock", driving_audio=drive, driving_sample_rate=32000,
                                            added_frames=34))
     frames = result.frames.shape[0]
     assert frames == 124 + 34
     expect = drive[:, :int(np.ceil(frames * 32000 / 24))]
     assert torch.equal(result.audio, expect)
     with pytest.raises(RequestError, match="driving soundtrack is 1.00 s"):
-        run_extend(pipeline, _request(audio_mode="lock", driving_audio=drive[:, :32000], driving_sample_rate=32000))
+        run_extend(pipeline, extension_request(audio_mode="lock", driving_audio=drive[:, :32000], driving_sample_rate=32000))
 
 
 @pytest.mark.slow
@@ -302,7 +289,7 @@ def test_extend_runs_without_the_posix_resource_module(pipeline, monkeypatch):
     monkeypatch.delitem(sys.modules, name)
     fresh = importlib.import_module(name)
     assert fresh.resource is None
-    result = fresh.run_extend(pipeline, _request(added_frames=17, steps=1))
+    result = fresh.run_extend(pipeline, extension_request(added_frames=17, steps=1))
     assert "peak_rss_mb" not in result.timings and result.frames.shape[0] == 124 + 17
 
 
@@ -323,7 +310,7 @@ def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
         steps["n"] = done
 
     with pytest.raises(Cancelled) as stopped:
-        run_extend(pipeline, _request(output_path=path), on_step=on_step, should_stop=should_stop)
+        run_extend(pipeline, extension_request(output_path=path), on_step=on_step, should_stop=should_stop)
     extra = stopped.value.extra
     assert extra["windows_done"] == 2 and extra["windows"] == 4 and extra["path"] == path
     assert extra["frames"] == 124 + 34 * 2
@@ -332,7 +319,7 @@ def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     # stopped before any window finished: no file
     path2 = next_free_path(str(tmp_path), "ext", "mp4")
     with pytest.raises(Cancelled) as stopped:
-        run_extend(pipeline, _request(output_path=path2), should_stop=lambda: True)
+        run_extend(pipeline, extension_request(output_path=path2), should_stop=lambda: True)
     assert stopped.value.extra["windows_done"] == 0 and not os.path.exists(path2)
 
 

@@ -13,8 +13,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from comfyui_h3.backend import engine as engine_module
-from comfyui_h3.backend.engine import EngineCancelled, get_engine, shutdown_all
+from comfyui_h3.backend.engine import EngineCancelled, get_engine
 from comfyui_h3.backend.engine_config import EngineConfig
 from comfyui_h3.backend.errors import RequestError
 
@@ -80,7 +79,7 @@ CASES = [
     Case("h3", _h3_config, _h3_request, _h3_bad, "steps must be between 1 and 1000, got 0",
          lambda r: r.video_latents, 1e-4, lambda: _h3_request(steps=40)),
     # SeedVR2: whole windows per rank; only the DiT's text sums run in another order
-    Case("seedvr2", _seedvr2_config, _seedvr2_request, _seedvr2_bad, "Batch frames must be 4n+1",
+    Case("seedvr2", _seedvr2_config, _seedvr2_request, _seedvr2_bad, r"Batch frames must be 4n\+1",
          lambda r: r.frames.float(), 1.0, lambda: _seedvr2_request(frames=41)),
 ]
 
@@ -93,12 +92,8 @@ def folders(tmp_path_factory, tiny_h3_dir):
 
 
 @pytest.fixture(autouse=True)
-def _clean_registry():
-    shutdown_all()
-    engine_module._ENGINES.clear()
+def _clean_registry(empty_engine_registry):
     yield
-    shutdown_all()
-    engine_module._ENGINES.clear()
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

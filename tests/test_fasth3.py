@@ -501,7 +501,7 @@ def test_cli_tiny_student_is_built_into_the_cache(tmp_path, monkeypatch):
 def test_shipped_fasth3_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
     """example_workflows/api/h3_fasth3_text_to_video.api.json through `run` (checked as ComfyUI checks a prompt):
     the tiny model with the tiny student, VSA, schedule fasth3, 4 steps -> a 5-s MP4 with its sound."""
-    from test_cli import REPO, cli, streams
+    from cli_helpers import REPO, cli, streams
 
     wf = os.path.join(REPO, "example_workflows", "api", "h3_fasth3_text_to_video.api.json")
     out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path,

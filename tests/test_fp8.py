@@ -21,6 +21,7 @@ from comfyui_h3.backend.models.h3_transformer import load_h3_transformer
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.runtime import WeightPolicy
 from triton_interpreter import require_interpreter
+from tiny_dit import config_inputs, to_bf16
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,25 +146,6 @@ def test_triton_kernels_equal_the_reference_under_the_interpreter():
         assert scale_err < 1e-5 and same_codes >= 0.999, (name, scale_err, same_codes)
 
 
-def _tiny_inputs(cfg):
-    from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
-    from comfyui_h3.backend.pipelines.h3.layout import build_layout
-    from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan
-
-    gen = torch.Generator().manual_seed(7)
-    layout = build_layout(torch.tensor([1, 1, 0, 0, 0, 1, 1, 1, 1]), resolve_geometry(124, 64, 96), (1, 2, 2))
-    ts, idx = row_timestep_plan(layout, 0.37, 0.61)
-    video = torch.randn(1, layout.video_indices.numel(), cfg.video_patch_dim, generator=gen)
-    audio = torch.randn(1, layout.audio_indices.numel(), cfg.audio_in_channels, generator=gen)
-    text = torch.randn(1, 9, cfg.text_dim, generator=gen)
-    return (video, audio, text, ts, idx, layout.token_tags, layout.position_ids, layout.video_indices,
-            layout.audio_indices, layout.text_indices)
-
-
-def _bf16(args):
-    return tuple(a.bfloat16() if a.is_floating_point() and a.dim() == 3 else a for a in args)
-
-
 def test_tiny_forward_error_against_bf16(tiny_h3_dir):
     """The per-forward relative error of FP8 GEMMs against the bf16 model, same weights and inputs. Measured
     (2026-11-30, CPU, torch 2.14.1): video 0.0134, audio 0.0121; bf16 itself is 0.0053 from fp32. Bound 0.03."""
@@ -174,11 +156,11 @@ def test_tiny_forward_error_against_bf16(tiny_h3_dir):
     assert all(b.fp8 == "emulated" and b.attn.qkv_weight is None for b in fp8.transformer_blocks)
     assert not any(isinstance(m, Fp8Linear) for m in fp8.token_refiner.modules())  # text refiner stays bf16
     fp8.transformer_blocks[0].use_fp8_gemms(emulate=True)  # a second call (e.g. by a placement) changes nothing
-    args = _tiny_inputs(ref.config)
+    args = config_inputs(ref.config)
     with torch.no_grad():
         want32 = ref32(*args)
-        want = ref(*_bf16(args))
-        got = fp8(*_bf16(args))
+        want = ref(*to_bf16(args))
+        got = fp8(*to_bf16(args))
     errors = {}
     for name, g, w, w32 in zip(("video", "audio"), got, want, want32):
         assert g.shape == w.shape and torch.isfinite(g).all()
@@ -200,7 +182,7 @@ def test_compiled_fp8_block_equals_eager(tiny_h3_dir):
     compiled = load_h3_transformer(folder, dtype=torch.bfloat16, storage="fp8_emulated")
     for block in compiled.transformer_blocks:
         block.compile(backend="aot_eager", fullgraph=True)
-    args = _bf16(_tiny_inputs(eager.config))
+    args = to_bf16(config_inputs(eager.config))
     with torch.no_grad():
         want, got = eager(*args), compiled(*args)
     for g, w in zip(got, want):
@@ -320,7 +302,7 @@ def test_bench_dry_run():
 
 
 def _fp8_model():
-    from test_ulysses import _model
+    from tiny_dit import tiny_dit as _model
 
     model = _model().to(torch.bfloat16)
     for block in model.transformer_blocks:
@@ -332,11 +314,11 @@ def _fp8_rank(rank, world, port, out_dir):
     import torch.distributed as dist
 
     from comfyui_h3.backend.parallel.ulysses import SequenceShard
-    from test_ulysses import _inputs
+    from tiny_dit import dit_inputs as _inputs
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    args = _bf16(_inputs())
+    args = to_bf16(_inputs())
     with torch.no_grad():
         outputs = _fp8_model()(*args, shard=SequenceShard(rank, world, args[6].shape[0]))
     torch.save(outputs, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -351,9 +333,9 @@ def test_sequence_parallel_fp8_equals_one_rank(tmp_path):
     import torch.multiprocessing as mp
 
     from comfyui_h3.backend.executor.mp_executor import _free_port
-    from test_ulysses import _inputs, _model
+    from tiny_dit import dit_inputs as _inputs, tiny_dit as _model
 
-    args = _bf16(_inputs())
+    args = to_bf16(_inputs())
     with torch.no_grad():
         want = _fp8_model()(*args)
         bf16 = _model().to(torch.bfloat16)(*args)

@@ -117,7 +117,7 @@ def test_fp8_block_equals_its_emulation_and_compiles():
 
 
 def test_loader_stores_fp8_on_the_gpu(tiny_h3_dir):
-    from test_fp8 import _bf16, _tiny_inputs
+    from tiny_dit import config_inputs as _tiny_inputs, to_bf16 as _bf16
 
     folder = tiny_h3_dir / "transformer"
     ref = load_h3_transformer(folder, DEV, torch.bfloat16)

@@ -2,15 +2,13 @@
 worker as H3, on 1 and 2 gloo ranks, both engines resident at once; the registry evicts by memory budget, least
 recently used first; the engine/executor/worker code names no family."""
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from comfyui_h3.backend import engine as engine_module
-from comfyui_h3.backend.engine import get_engine, resident_engines, shutdown_all
+from comfyui_h3.backend.engine import get_engine, resident_engines
 from comfyui_h3.backend.engine_config import EngineConfig
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.pipelines.h3.family import h3_config
@@ -26,12 +24,8 @@ def _pids(engine) -> list[int]:
 
 
 @pytest.fixture(autouse=True)
-def _clean_registry():
-    shutdown_all()
-    engine_module._ENGINES.clear()
+def _clean_registry(empty_engine_registry):
     yield
-    shutdown_all()
-    engine_module._ENGINES.clear()
 
 
 @pytest.mark.slow

@@ -104,7 +104,7 @@ def test_engine_runs_a_pruned_file_close_to_the_full_dit_and_adaln_cache_is_a_no
         # latents up to 6.0 / 5.8)
         assert (a - b).abs().amax() < 1e-4 * b.abs().amax()
     # an edit's ramp mask: many per-row timesteps per step (the step plan's rows between t and the cond 0.999)
-    from test_adaln_cache import edit
+    from h3_requests import edit
 
     full_edit, cut_edit = (H3Pipeline(c).run(edit()) for c in (components(), cut_components))
     assert (cut_edit.video_latents - full_edit.video_latents).abs().amax() < 1e-4 * full_edit.video_latents.abs().amax()

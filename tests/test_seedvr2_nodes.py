@@ -258,7 +258,7 @@ def test_a_non_finite_scale_is_a_request_error(bad):
 def test_an_unknown_colour_fix_is_refused_naming_the_modes():
     """Not only at the request: the colour fix itself no longer falls through to lab for a name it does not know."""
     from comfyui_h3.backend.pipelines.seedvr2 import colorfix
-    from comfyui_h3.backend.pipelines.seedvr2.request import COLOR_FIXES
+    from comfyui_h3.backend.pipelines.seedvr2.options import COLOR_FIXES
 
     assert COLOR_FIXES is colorfix.METHODS  # one declaration: the node's choices, the request's check, the methods
     x = torch.rand(4, 3, 8, 8)

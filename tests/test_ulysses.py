@@ -15,36 +15,11 @@ import torch.multiprocessing as mp
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.executor.mp_executor import _free_port
-from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig
 from comfyui_h3.backend.parallel.context import ParallelContext
 from comfyui_h3.backend.parallel.ulysses import SequenceShard, alltoall_bytes_per_layer
-from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
-from comfyui_h3.backend.pipelines.h3.layout import build_layout
 from comfyui_h3.backend.pipelines.h3.request import H3Request
-from comfyui_h3.backend.pipelines.h3.schedule import row_timestep_plan
 
-CFG = dict(num_attention_heads=4, attention_head_dim=24, hidden_size=40, num_layers=2, num_refiner_layers=1,
-           ffn_dim=64, text_dim=24, freq_dim=16, time_embed_hidden_dim=32, time_embed_dim=16, rope_freq_dim=4)
-
-
-def _inputs():
-    gen = torch.Generator().manual_seed(5)
-    layout = build_layout(torch.tensor([1, 1, 0, 0, 1, 1, 1]), resolve_geometry(141, 64, 96), (1, 2, 2),
-                          ("first",))
-    ts, idx = row_timestep_plan(layout, 0.3, 0.55)
-    return (torch.randn(1, layout.video_indices.numel(), 96, generator=gen),
-            torch.randn(1, layout.audio_indices.numel(), 32, generator=gen),
-            torch.randn(1, 7, CFG["text_dim"], generator=gen), ts, idx, layout.token_tags, layout.position_ids,
-            layout.video_indices, layout.audio_indices, layout.text_indices)
-
-
-def _model():
-    torch.manual_seed(0)
-    model = H3Transformer(H3TransformerConfig(**CFG), attention="math")
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return model.eval()
+from tiny_dit import dit_inputs, tiny_dit
 
 
 def _rank(rank, world, port, out_dir):
@@ -52,10 +27,10 @@ def _rank(rank, world, port, out_dir):
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    args = _inputs()
+    args = dit_inputs()
     shard = SequenceShard(rank, world, args[6].shape[0])
     with torch.no_grad():
-        video, audio = _model()(*args, shard=shard)
+        video, audio = tiny_dit()(*args, shard=shard)
     torch.save((video, audio), os.path.join(out_dir, f"rank{rank}.pt"))
     from dist_ranks import leave_group
 
@@ -66,8 +41,8 @@ def _rank(rank, world, port, out_dir):
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_forward_equals_single_rank(tmp_path, world):
     with torch.no_grad():
-        want_v, want_a = _model()(*_inputs())
-    seq = _inputs()[6].shape[0]
+        want_v, want_a = tiny_dit()(*dit_inputs())
+    seq = dit_inputs()[6].shape[0]
     assert seq % world != 0 or world == 2  # the 4-rank case exercises padding
     mp.spawn(_rank, args=(world, _free_port(), str(tmp_path)), nprocs=world)
     for rank in range(world):  # every rank ends with the full outputs
@@ -280,7 +255,7 @@ def test_edit_and_extend_on_two_ranks_equal_one(tiny_h3_dir, tmp_path):
 def test_stop_on_two_ranks_keeps_the_windows_rank_0_published(tiny_h3_dir, tmp_path):
     """Every rank stops at the same step; rank 1 reports at once while rank 0 still publishes the finished windows:
     the engine waits for rank 0's report, which names the partial file."""
-    from test_extension import _request
+    from h3_requests import extension_request as _request
 
     from comfyui_h3.backend.media.decode import probe_video
     from comfyui_h3.backend.media.encode import next_free_path

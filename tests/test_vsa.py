@@ -368,7 +368,7 @@ def test_local_selection_is_each_tiles_nearest_window():
 def test_tiny_other_layouts_in_tile_order_match_dense(tiny_h3_dir, name):
     """Keyframe condition rows, per-row edit timesteps and extension guide rows: all ride in the prefix / tiles and
     come back to their places (every tile selected: dense to float32 reordering noise)."""
-    from test_adaln_cache import REQUESTS
+    from h3_requests import REQUESTS
 
     want = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0).run(REQUESTS[name]())
     got = h3_config(str(tiny_h3_dir), dtype="float32", attention="vsa:topk=10000,dense=0").build_pipeline(0).run(

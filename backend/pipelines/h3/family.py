@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...engine_config import DTYPES, EngineConfig
+from .options import ENGINE, WEIGHT_FORMATS, attention_name, parse_resident_blocks
 from .weights import H3WeightPolicy
 
 
@@ -43,6 +44,20 @@ def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "floa
     options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None, pairs)
     weights = H3WeightPolicy.of(engine.pop("weights", None))  # H3's own fields beside the shared ones
     return EngineConfig("h3", options, compute_dtype=dtype, weights=weights, **engine)
+
+
+def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | None = None,
+                  vsa_dense_steps: float | None = None, adaln_cache: bool = False, weights: str = "bf16",
+                  resident_blocks="all", **config) -> EngineConfig:
+    """The H3 engine config for the loader's choices, each checked by its option's rule: the one builder H3 Model
+    Loader and generate / edit / extend share. `config`: h3_config's other arguments (dtype, device, world_size,
+    executor, ray_address, student, files, ...)."""
+    ENGINE.check({"adaln_cache": adaln_cache, "weights": weights})
+    placement, resident = parse_resident_blocks(resident_blocks)  # its rule: a ValueError naming it
+    policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
+                            adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
+    return h3_config(model_dir, attention=attention_name(attention, vsa_topk, vsa_dense_steps), weights=policy,
+                     **config)
 
 
 class H3Family:

@@ -1,12 +1,12 @@
 """MiniMax-H3's user-facing options, each declared once (backend/options.py): the H3 nodes' inputs and the generate /
-edit / extend flags are made from these, the requests check their fields with these rules, and `engine_config`
-is the one place an engine config is built from the loader's choices (H3 Model Loader and the CLI alike). A new
-option is one Option here, its name in the node's and the CLI's lists, and its field where its stage reads it."""
+edit / extend flags are made from these, and the requests check their fields with these rules; family.engine_config
+is the one place an engine config is built from the ENGINE choices (H3 Model Loader and the CLI alike). A new option
+is one Option here, and its field where its stage reads it."""
 
 from __future__ import annotations
 
 from ...attention.registry import available as attention_backends
-from ...engine_config import DTYPES, EngineConfig
+from ...engine_config import DTYPES
 from ...options import SEED, Option, OptionTable
 
 MAX_STEPS = 1000  # the one bound on denoising steps: the nodes' widgets, generate / edit / extend and demo --steps
@@ -28,6 +28,13 @@ def _shift(name: str, folder: str, release: int) -> Option:
                           f"({folder}/scheduler_config.json: {release} for the release).",
                   help=f"{name.split('_')[0].capitalize()} schedule shift. Default: the model folder's "
                        f"({folder}/scheduler_config.json; {release} for the release).")
+
+
+def _vsa_setting(name: str, default: float, minimum: float, maximum: float, step: float, what: str,
+                 cli_what: str) -> Option:
+    return Option(name, "float", default, minimum=minimum, maximum=maximum, step=step, stage="engine",
+                  tooltip=f"With attention vsa: {what} Ignored by the other attention kernels.",
+                  help=f"With --attention vsa: {cli_what}")
 
 
 def resident_blocks_rule(value) -> str | None:
@@ -85,18 +92,15 @@ ENGINE = OptionTable(
                            "request's activations, the rest streamed from pinned host memory while earlier blocks "
                            "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is "
                            "short); or a number (0 streams every block). For GPUs smaller than the model."),
-    Option("vsa_topk", "float", 0.1, minimum=0.001, maximum=100000.0, step=0.001, stage="engine",
-           tooltip="With attention vsa: how many 4x4x4 video tiles each video tile attends besides the prompt and "
-                   "condition rows. Below 1: a fraction of the clip's tiles (0.1 = 10%); 1 or more: a tile count. "
-                   "Ignored by the other attention kernels.",
-           help="With --attention vsa: video tiles (4x4x4) each video tile attends, a count (>= 1) or a fraction of "
-                "the tiles (< 1; default 0.1)."),
-    Option("vsa_dense_steps", "float", 0.25, minimum=0.0, maximum=1000.0, step=0.01, stage="engine",
-           tooltip="With attention vsa: steps run with dense attention before the sparse ones. Below 1: a fraction "
-                   "of the steps (0.25 = the first quarter); 1 or more: a step count. Ignored by the other attention "
-                   "kernels.",
-           help="With --attention vsa: steps run dense first, a count (>= 1) or a fraction of the steps (< 1; "
-                "default 0.25)."),
+    _vsa_setting("vsa_topk", 0.1, 0.001, 100000.0, 0.001,
+                 "how many 4x4x4 video tiles each video tile attends besides the prompt and condition rows. Below 1: "
+                 "a fraction of the clip's tiles (0.1 = 10%); 1 or more: a tile count.",
+                 "video tiles (4x4x4) each video tile attends, a count (>= 1) or a fraction of the tiles (< 1; "
+                 "default 0.1)."),
+    _vsa_setting("vsa_dense_steps", 0.25, 0.0, 1000.0, 0.01,
+                 "steps run with dense attention before the sparse ones. Below 1: a fraction of the steps (0.25 = "
+                 "the first quarter); 1 or more: a step count.",
+                 "steps run dense first, a count (>= 1) or a fraction of the steps (< 1; default 0.25)."),
 )
 
 
@@ -119,20 +123,3 @@ def attention_name(attention: str = "sdpa", vsa_topk: float | None = None,
     dense = ENGINE["vsa_dense_steps"].default if vsa_dense_steps is None else vsa_dense_steps
     ENGINE.check({"vsa_topk": topk, "vsa_dense_steps": dense})
     return vsa.spec(topk, dense)
-
-
-def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | None = None,
-                  vsa_dense_steps: float | None = None, adaln_cache: bool = False, weights: str = "bf16",
-                  resident_blocks="all", **config) -> EngineConfig:
-    """The H3 engine config for the loader's choices, each checked by its option's rule: the one builder H3 Model
-    Loader and generate / edit / extend share. `config`: h3_config's other arguments (dtype, device, world_size,
-    executor, ray_address, student, files, ...)."""
-    from .family import h3_config
-    from .weights import H3WeightPolicy
-
-    ENGINE.check({"adaln_cache": adaln_cache, "weights": weights})
-    placement, resident = parse_resident_blocks(resident_blocks)  # its rule: a ValueError naming it
-    policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
-                            adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
-    return h3_config(model_dir, attention=attention_name(attention, vsa_topk, vsa_dense_steps), weights=policy,
-                     **config)

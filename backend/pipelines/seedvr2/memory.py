@@ -30,7 +30,6 @@ Weights are counted by the caller (what the engine already holds).
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 

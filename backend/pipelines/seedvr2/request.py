@@ -10,8 +10,7 @@ import torch
 
 from ...errors import RequestError
 from . import options
-from .options import COLOR_FIXES, EDGE_MODES, MAX_BATCH_FRAMES, MAX_SCALE, MAX_SIDE, MIN_BATCH_FRAMES  # noqa: F401
-from .options import MIN_SIDE, MIN_VAE_TILE  # noqa: F401
+from .options import MAX_SIDE, MIN_SIDE
 
 
 @dataclass
