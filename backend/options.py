@@ -23,8 +23,8 @@ KINDS = {"int": "INT", "float": "FLOAT", "bool": "BOOLEAN", "string": "STRING", 
 @dataclass(frozen=True)
 class Option:
     """name: the node input's name (snake_case); kind: one of KINDS; default: the node's and the CLI's; tooltip:
-    the node's text (the CLI's too unless `help` is given); choices: a "choice" option's values, or a callable
-    returning them (lists that depend on the installation, such as attention backends); rule: value -> None, or
+    the node's text (the CLI's too unless `help` is given); choices: a "choice" option's values (a "string"
+    option's: the list the node offers, its rule deciding what else passes), or a callable returning them (lists that depend on the installation, such as attention backends); rule: value -> None, or
     what is wrong, as a whole sentence; stage: who consumes it ("request": a field of the family's request of that
     name; "engine": the engine config builder; "node": the node, to build other fields); node: where the node lists
     it ("required", "optional" or "" for none; a node lists its group's options in declaration order, so a new
@@ -135,7 +135,9 @@ class Option:
                          if v is not None})
         spec.update(self.widget)
         spec["tooltip"] = self.tooltip
-        return (list(self.values) if self.kind == "choice" else KINDS[self.kind]), spec
+        # a "string" option with choices is offered as a list on the node (its rule may take more, e.g. on the CLI)
+        listed = self.kind == "choice" or (self.kind == "string" and self.choices)
+        return (list(self.values) if listed else KINDS[self.kind]), spec
 
     def add_flag(self, parser, default=UNSET, help: str | None = None, checked: bool = False, **extra) -> None:
         """The CLI flag, converted to the option's type as argparse reads it; the value is checked by `error` where

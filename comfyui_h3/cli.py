@@ -215,12 +215,12 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--variant", default="auto", choices=["auto", "3b", "7b"],
                    help="Refuse a DiT file of the other model; auto: what the file holds.")
     u.add_argument("--video", required=True, help="The video to upscale (its sound is kept unchanged).")
-    UPSCALE = seedvr2_options.UPSCALE
+    upscale_options = seedvr2_options.UPSCALE
     size = u.add_mutually_exclusive_group()
-    UPSCALE["scale"].add_flag(size, default=None)
-    UPSCALE["short_side"].add_flag(size, default=None, help="Output short side in pixels (aspect kept).")
+    upscale_options["scale"].add_flag(size, default=None)
+    upscale_options["short_side"].add_flag(size, default=None, help="Output short side in pixels (aspect kept).")
     size.add_argument("--size", default=None, metavar="WxH", help="Output width x height, e.g. 1920x1080.")
-    UPSCALE.add_flags(u, exclude=("scale", "short_side"))  # every other SeedVR2 option with a flag
+    upscale_options.add_flags(u, exclude=("scale", "short_side"))  # every other SeedVR2 option with a flag
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])

@@ -7,7 +7,7 @@ from .. import comfy_services as services
 from ..backend.attention.registry import available as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import resolve_devices  # noqa: F401 - seedvr2_loader's too
 from ..backend.pipelines.h3.family import engine_config
-from ..backend.pipelines.h3.options import ENGINE, resident_blocks_input
+from ..backend.pipelines.h3.options import ENGINE
 from ..native_setup import COMPONENTS as NATIVE_COMPONENTS, NATIVE_ONLY, release_model_dir
 from ..tiny_model import TINY_NAME, TINY_STUDENT_NAME, ensure_tiny_model, ensure_tiny_student
 from ..types import H3EngineHandle
@@ -54,9 +54,7 @@ class H3ModelLoader:
             },
             # Optional and appended: saved workflows keep their widget order.
             "optional": {
-                **ENGINE.inputs("adaln_cache", "weights"),
-                **resident_blocks_input(),
-                **ENGINE.inputs("vsa_topk", "vsa_dense_steps"),
+                **ENGINE.inputs("adaln_cache", "weights", "resident_blocks", "vsa_topk", "vsa_dense_steps"),
                 "student": (["none", TINY_STUDENT_NAME] + services.fasth3_adapter_files(), {
                     "default": "none",
                     "tooltip": "FastH3, FastVideo's 4-step student of MiniMax-H3: its adapter_model.safetensors "

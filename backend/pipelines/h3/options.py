@@ -87,8 +87,8 @@ ENGINE = OptionTable(
         "activation scales on the FP8 tensor cores: the DiT's resident weights drop by ~19 GB (its matmul weights "
         "halve), at a small loss of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
         "and dtype bfloat16.")),
-    Option("resident_blocks", "string", "all", RESIDENT_BLOCKS_HELP, rule=resident_blocks_rule, stage="engine",
-           widget={}, help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
+    Option("resident_blocks", "string", "all", RESIDENT_BLOCKS_HELP, choices=RESIDENT_BLOCKS_CHOICES,
+           rule=resident_blocks_rule, stage="engine", help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
                            "request's activations, the rest streamed from pinned host memory while earlier blocks "
                            "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is "
                            "short); or a number (0 streams every block). For GPUs smaller than the model."),
@@ -102,12 +102,6 @@ ENGINE = OptionTable(
                  "the first quarter); 1 or more: a step count.",
                  "steps run dense first, a count (>= 1) or a fraction of the steps (< 1; default 0.25)."),
 )
-
-
-def resident_blocks_input() -> dict:
-    """The loader's resident_blocks combo (all, auto, 0..RELEASE_BLOCKS); the CLI takes any number."""
-    option = ENGINE["resident_blocks"]
-    return {option.name: (list(RESIDENT_BLOCKS_CHOICES), {"default": option.default, "tooltip": option.tooltip})}
 
 
 def attention_name(attention: str = "sdpa", vsa_topk: float | None = None,

@@ -25,7 +25,7 @@ import torch
 
 from ...errors import RequestError
 from ...models.seedvr2.windows import window_size
-from .options import MIN_BATCH_FRAMES as MIN_BATCH
+from .options import MIN_BATCH_FRAMES
 
 Span = Tuple[int, int]
 
@@ -79,8 +79,8 @@ def plan_batches(frames: int, batch: int, overlap: int) -> BatchPlan:
         raise RequestError(f"SeedVR2 needs at least 1 frame, got {frames}.")
     # 4n+1 always; a single batch may be shorter than 5 (a 1-frame input), several need >= 5 (one latent frame of
     # history besides the first)
-    if batch < 1 or batch % 4 != 1 or (batch < MIN_BATCH and frames > batch):
-        raise RequestError(f"SeedVR2 batch frames must be 4n+1 and at least {MIN_BATCH} (5, 9, 13, 17, 21, ...) "
+    if batch < 1 or batch % 4 != 1 or (batch < MIN_BATCH_FRAMES and frames > batch):
+        raise RequestError(f"SeedVR2 batch frames must be 4n+1 and at least {MIN_BATCH_FRAMES} (5, 9, 13, 17, 21, ...) "
                            f"for a video of {frames} frames, got {batch}.")
     if not 0 <= overlap < batch:
         raise RequestError(f"SeedVR2 overlap must be 0..{batch - 1} frames (smaller than the batch of {batch}), "

@@ -34,8 +34,8 @@ import os
 from dataclasses import dataclass
 
 from ...errors import RequestError
-from .batches import MIN_BATCH as MIN_SEVERAL, latent_frames, padded_frames  # noqa: F401 - the one frame rule
-from .options import MIN_VAE_TILE
+from .batches import latent_frames, padded_frames  # the one frame rule
+from .options import MIN_BATCH_FRAMES, MIN_VAE_TILE
 
 GIB = 1024**3
 HEADROOM = 0.90  # of the free memory: the allocator's fragmentation and the kernels' workspaces
@@ -190,7 +190,7 @@ def largest_batch(config, total_frames: int, height: int, width: int, in_height:
                   act_bytes: int, vae_act_bytes: int, free_bytes: int, world: int = 1, vae_tile: int = 0, *,
                   vae_scale: float = 1.0, reserved: int = 0) -> int:
     """The largest 4n+1 batch (<= the padded video) that fits `free_bytes` besides `reserved` bytes, or 0 when none
-    does (a video of several frames needs batches of at least MIN_SEVERAL)."""
+    does (a video of several frames needs batches of at least MIN_BATCH_FRAMES)."""
     budget = free_bytes * HEADROOM - reserved
     cap = padded_frames(total_frames)
     best = 0
@@ -199,7 +199,7 @@ def largest_batch(config, total_frames: int, height: int, width: int, in_height:
                         world, vae_tile, vae_scale=vae_scale).peak > budget:
             break
         best = frames
-    return 0 if best < MIN_SEVERAL and total_frames > best else best
+    return 0 if best < MIN_BATCH_FRAMES and total_frames > best else best
 
 
 def largest_output(height: int, width: int, fits) -> tuple[int, int]:
@@ -251,7 +251,7 @@ def check_fits(config, batch_frames: int, total_frames: int, height: int, width:
     if best and not (batch_frames and batch_frames > best):
         return batch_frames or best
     budget = free_bytes * HEADROOM - reserved
-    smallest = 1 if total_frames <= 1 else MIN_SEVERAL
+    smallest = 1 if total_frames <= 1 else MIN_BATCH_FRAMES
     frames = batch_frames if best else min(batch_frames or smallest, smallest)
     need = batch_memory(config, frames, *args, world, vae_tile, vae_scale=vae_scale)
     stage = max((need.dit, "the DiT"), (need.encode, "the VAE encode"), (need.decode, "the VAE decode"))[1]
