@@ -43,14 +43,16 @@ _FRAME_BAD = [{"frame": "999999"}, {"frame": "-1"}, {"max_size": "99999"}]
 
 @pytest.mark.parametrize("route,bad", [("/h3/video_frame", bad) for bad in _LOADER_BAD + _FRAME_BAD]
                          + [("/h3/video_info", bad) for bad in _LOADER_BAD])
-def test_out_of_range_route_parameter_gets_400_within_a_second(comfy, clip, route, bad):
+def test_out_of_range_route_parameter_gets_400_within_seconds(comfy, clip, route, bad):
     query = urllib.parse.urlencode(dict({"video": clip, "frame": "0"}, **bad))
     started = time.monotonic()
     status, body = comfy.request(f"{route}?{query}", timeout=10)
     elapsed = time.monotonic() - started
     assert status == 400, comfy.why(f"{route}?{query} -> {status} {body!r}")
     assert isinstance(body, dict) and next(iter(bad)) in body["error"], body
-    assert elapsed < 1.0, f"{route}?{query} took {elapsed:.2f} s"
+    # refused before any decode (idle: a few ms); 3 s leaves room for four lane jobs on two cores, a decode of the huge
+    # request would take far longer
+    assert elapsed < 3.0, f"{route}?{query} took {elapsed:.2f} s"
     assert comfy.request(f"/h3/video_info?video={clip}")[0] == 200  # the server is still fine
 
 
@@ -101,8 +103,10 @@ def test_stop_during_a_long_grow_returns_within_seconds(comfy):
     assert entry["status"]["status_str"] != "success", "the grow finished before the Stop: make the workload larger"
     assert "execution_interrupted" in messages, comfy.why(str(entry["status"]))
     assert messages["execution_interrupted"]["node_id"] == "2", messages  # stopped inside Mask Draw
-    # idle: ~0.3 s (the node checks between chords: tests/test_mask_grow.py); the lane runs four jobs on two cores
-    assert elapsed < 4.0, f"Stop took {elapsed:.2f} s to end the prompt"
+    # idle: ~0.3 s (the node checks between chords: tests/test_mask_grow.py). The lane runs four jobs on two cores, where
+    # one CI run measured 4.02 s; the grow left unstopped would still be running (status checked above), so 8 s is a
+    # bound that a Stop ignored until the grow's end cannot meet.
+    assert elapsed < 8.0, f"Stop took {elapsed:.2f} s to end the prompt"
     # the server runs the next prompt normally
     prompt["2"]["inputs"]["grow"] = 3
     prompt["1"]["inputs"].update(force_rate=24.0, width=64, height=64)
