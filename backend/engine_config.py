@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .attention.registry import AttentionSpec, attention_spec
 from .runtime import WeightPolicy
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -53,11 +54,14 @@ class EngineConfig:
     executor: str = "mp"  # "mp": a process per device on this machine; "ray": an actor per rank on a Ray cluster
     ray_address: str = ""  # executor "ray": the cluster's address ("auto", "ray://host:10001", ...); "" or "local":
     # a local Ray, started for this engine (or the one this process already started)
-    attention: str = "sdpa"  # a name in attention/registry.py
+    attention: AttentionSpec = field(default_factory=AttentionSpec)  # text ("vsa:topk=8") is read once, here
     compute_dtype: str = "bfloat16"  # the arithmetic of the family's main model (not read off a weight)
     weights: WeightPolicy = field(default_factory=WeightPolicy)
     cpu_threads: int = 0  # 0: torch default
     master_port: int = 29517
+
+    def __post_init__(self):
+        object.__setattr__(self, "attention", attention_spec(self.attention))
 
     def family_impl(self):
         from . import families
@@ -82,7 +86,7 @@ class EngineConfig:
         if self.executor == "ray" and self.device not in ("cpu", "cuda"):
             raise ValueError(f"With the ray executor device is 'cpu' or 'cuda' (Ray places each rank on a GPU of its "
                              f"own), got {self.device!r}.")
-        get_backend(self.attention)  # a registered name, or name:options; one clear line otherwise
+        get_backend(self.attention)  # a registered backend that takes these settings; one clear line otherwise
         self.weights.validate()
         self.family_impl().check(self)
 

@@ -158,7 +158,7 @@ def engine_part(manifest: dict, config, load_s: float | None) -> dict:
     weights = config.weights
     manifest["engine"].update(
         family=config.family, devices=list(config.devices()), sp_degree=int(config.world_size),
-        attention=config.attention, compute_dtype=config.compute_dtype,
+        attention=str(config.attention), compute_dtype=config.compute_dtype,
         weights=asdict(weights) if is_dataclass(weights) else dict(weights), executor=config.executor,
         load_s=load_s)
     manifest["versions"] = versions()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention.registry import AttentionBackend, get_backend
+from .attention.registry import AttentionBackend, AttentionSpec, get_backend
 from .parallel.context import ParallelContext
 
 # "compute": weights held in the compute dtype. "fp8": the DiT blocks' GEMM weights in float8 e4m3 with per-channel
@@ -52,7 +52,7 @@ class Runtime:
     cpu_threads: int = 0
 
     @classmethod
-    def make(cls, device: str, parallel: ParallelContext, attention: str, compute_dtype: str,
+    def make(cls, device: str, parallel: ParallelContext, attention: "AttentionSpec | str", compute_dtype: str,
              weights: WeightPolicy | None = None, cpu_threads: int = 0) -> "Runtime":
         weights = weights or WeightPolicy()
         weights.validate()

@@ -279,7 +279,7 @@ def run_ours(args, folder, device, rank: int = 0, world: int = 1, port: int = 0)
             "audio": list(result.audio.shape) if getattr(result, "audio", None) is not None else None,
             "weights": {"adaln": config.weights.adaln, "storage": config.weights.storage,
                         "compile": config.options.compile},
-            "attention": config.attention, "fasth3": bool(args.fasth3),
+            "attention": str(config.attention), "fasth3": bool(args.fasth3),
             "latents_norm": {"video": result.video_latents.double().norm().item(),
                              "audio": result.audio_latents.double().norm().item()},
             "manifest": manifest}

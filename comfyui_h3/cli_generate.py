@@ -126,11 +126,11 @@ def attention_flags(args) -> dict:
     return {"attention": name, "vsa_topk": topk, "vsa_dense_steps": dense}
 
 
-def attention_name(args) -> str:
-    """The engine config's attention backend name for the command's flags (checked by the options' rules)."""
+def attention_spec(args):
+    """The engine config's attention for the command's flags (checked by the options' rules)."""
     from .backend.pipelines.h3 import options
 
-    return options.attention_name(**attention_flags(args))
+    return options.engine_attention(**attention_flags(args))
 
 
 def student_file(args) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from comfyui_h3.backend.attention.dispatch import _sdpa
-from comfyui_h3.backend.attention.registry import available, get_backend
+from comfyui_h3.backend.attention.registry import AttentionSpec, available, get_backend
 from comfyui_h3.backend.attention.vsa_kernel import (reference, select_tiles, sparse_attention, triton,
                                                    triton_video_attention)
 from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, make_plan, tile_order
@@ -212,6 +212,26 @@ def test_settings_schedule_and_names():
         get_backend("sdpa:topk=3")
 
 
+def test_attention_spec_is_typed_and_its_text_is_read_once(monkeypatch):
+    """The engine carries AttentionSpec(name, settings); text is read by AttentionSpec.parse where a user types it,
+    and every rank configures its backend from the settings object without reading text again."""
+    from comfyui_h3.backend.engine_config import EngineConfig
+
+    spec = AttentionSpec.parse("vsa:topk=32,dense=0.2")
+    assert spec == AttentionSpec("vsa", VSASettings(32.0, 0.2)) and str(spec) == "vsa:topk=32,dense=0.2"
+    defaults = AttentionSpec.parse("vsa")
+    assert defaults == AttentionSpec("vsa", VSASettings()) and str(defaults) == "vsa"
+    assert EngineConfig("h3", None, attention="vsa:topk=32,dense=0.2").attention == spec  # text given: read once
+    monkeypatch.setattr(VSASettings, "parse", classmethod(lambda cls, text: pytest.fail("text read again")))
+    assert get_backend(spec).name == "vsa:topk=32,dense=0.2"
+    from comfyui_h3.backend.parallel.context import SINGLE
+    from comfyui_h3.backend.runtime import Runtime
+
+    assert Runtime.make("cpu", SINGLE, spec, "float32").attention.name == "vsa:topk=32,dense=0.2"
+    with pytest.raises(ValueError, match="takes VSASettings settings"):
+        get_backend(AttentionSpec("vsa", object()))
+
+
 def test_bind_runs_dense_steps_first_then_sparse():
     geo = type("Geo", (), dict(latent_height=16, latent_width=16, latent_frames=8, audio_latents=2))()
     layout = build_layout(torch.ones(3, dtype=torch.long), geo, (1, 2, 2))
@@ -273,10 +293,11 @@ def test_loader_offers_vsa_settings_as_appended_optional_widgets(tiny_h3_dir, mo
         assert kind == "FLOAT" and opts["default"] == default and opts["tooltip"]
     monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
     load = loader.H3ModelLoader().load
-    assert load(loader.TINY_NAME, "cpu", "float32", "vsa")[0].config.attention == "vsa"
-    assert load(loader.TINY_NAME, "cpu", "float32", "vsa", vsa_topk=32.0,
-                vsa_dense_steps=0.5)[0].config.attention == "vsa:topk=32,dense=0.5"
-    assert load(loader.TINY_NAME, "cpu", "float32", "sdpa", vsa_topk=32.0)[0].config.attention == "sdpa"
+    assert str(load(loader.TINY_NAME, "cpu", "float32", "vsa")[0].config.attention) == "vsa"
+    tuned = load(loader.TINY_NAME, "cpu", "float32", "vsa", vsa_topk=32.0, vsa_dense_steps=0.5)[0].config.attention
+    assert str(tuned) == "vsa:topk=32,dense=0.5"
+    assert tuned == AttentionSpec("vsa", VSASettings(32.0, 0.5))  # typed from the widgets, no text in between
+    assert str(load(loader.TINY_NAME, "cpu", "float32", "sdpa", vsa_topk=32.0)[0].config.attention) == "sdpa"
     with pytest.raises(ValueError, match="dense_steps"):
         load(loader.TINY_NAME, "cpu", "float32", "vsa", vsa_dense_steps=2.5)
 
@@ -288,17 +309,17 @@ def test_cli_vsa_flags_reach_the_engine_config(monkeypatch, flags, want):
     from cli_engine_configs import engine_configs_for
 
     configs = engine_configs_for(monkeypatch, flags, _t2va())
-    assert len(configs) == 3 and all(c.attention == want for c in configs)
+    assert len(configs) == 3 and all(str(c.attention) == want for c in configs)
 
 
 def test_cli_vsa_options_without_vsa_are_refused():
     from comfyui_h3.cli import _parser
-    from comfyui_h3.cli_generate import attention_name
+    from comfyui_h3.cli_generate import attention_spec
 
     with pytest.raises(ValueError, match="need --attention vsa"):
-        attention_name(_parser().parse_args(["generate", "--prompt", "x", "--vsa-topk", "8"]))
+        attention_spec(_parser().parse_args(["generate", "--prompt", "x", "--vsa-topk", "8"]))
     with pytest.raises(ValueError, match="Unknown attention backend"):
-        attention_name(_parser().parse_args(["generate", "--prompt", "x", "--attention", "flash9"]))
+        attention_spec(_parser().parse_args(["generate", "--prompt", "x", "--attention", "flash9"]))
 
 
 @pytest.mark.slow

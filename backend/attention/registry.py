@@ -7,6 +7,10 @@ permutation) provides `make_plan(layout)`: the task calls it once per request an
 dense backends have no plan (None). A `gated` backend also takes `gate` [batch, seq, heads, head_dim] (learned gates
 of a FastH3 student's coarse branch: vsa_kernel.py); the others refuse one. A new backend is one `register(...)`
 call in its own module, listed in `_BUILTIN_MODULES` so it registers on first use.
+
+An engine names its backend with an `AttentionSpec` (name + the backend's own frozen settings), the typed value that
+travels from the loader or CLI to every rank; its text form ("vsa:topk=0.1,dense=10") is read by `AttentionSpec.parse`
+alone, where a user types it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ class AttentionBackend:
     fn: AttentionFn  # (q, k, v, plan=None) -> out
     description: str
     make_plan: Callable[[Any], Any] | None = None  # per-request layout -> plan; None: the backend needs none
-    configure: Callable[[str], "AttentionBackend"] | None = None  # "name:options" -> a configured backend (vsa)
+    settings: type | None = None  # the backend's settings: a frozen dataclass, its defaults by `settings()`, text
+    # by `settings.parse(text)` / `.spec()`; None: a backend without settings
+    configure: Callable[[Any], "AttentionBackend"] | None = None  # settings -> the backend configured with them
     gated: bool = False  # fn takes (q, k, v, plan, gate): learned VSA gates (FastH3)
 
     def __call__(self, q, k, v, plan=None, gate=None):
@@ -53,19 +59,57 @@ def _load_builtins() -> None:
         importlib.import_module(module, __package__)
 
 
-def get_backend(name: str) -> AttentionBackend:
-    """A registered name, or "name:options" for a backend that takes options (e.g. "vsa:topk=0.1,dense=10")."""
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Which backend an engine attends with: a registered name and, for a backend with settings, its settings object
+    (None: the backend's defaults; equal-to-default settings are stored as None so the two forms are one engine).
+    Frozen and picklable: part of the engine config's identity."""
+    name: str = "sdpa"
+    settings: Any = None
+
+    def __post_init__(self):
+        if self.settings is not None and self.settings == type(self.settings)():
+            object.__setattr__(self, "settings", None)
+
+    def __str__(self) -> str:
+        return self.name if self.settings is None else f"{self.name}:{self.settings.spec()}"
+
+    @classmethod
+    def parse(cls, text: str) -> "AttentionSpec":
+        """A registered name, or "name:options" for a backend with settings (e.g. "vsa:topk=0.1,dense=10"): the one
+        reader of the text form (CLI flags, configs written as text); one clear line on anything else."""
+        base, sep, options = str(text).partition(":")
+        backend = _registered(base, text)
+        if not sep:
+            return cls(base)
+        if backend.settings is None:
+            raise ValueError(f"Attention backend {base!r} takes no options, got {text!r}.")
+        return cls(base, backend.settings.parse(options))
+
+
+def _registered(name: str, asked: str) -> AttentionBackend:
     _load_builtins()
-    base, sep, options = name.partition(":")
     try:
-        backend = _BACKENDS[base]
+        return _BACKENDS[name]
     except KeyError:
-        raise ValueError(f"Unknown attention backend {name!r}; available: {', '.join(available())}") from None
-    if not sep:
+        raise ValueError(f"Unknown attention backend {asked!r}; available: {', '.join(available())}") from None
+
+
+def attention_spec(value: "AttentionSpec | str") -> AttentionSpec:
+    """A spec as given, or one read from its text form."""
+    return value if isinstance(value, AttentionSpec) else AttentionSpec.parse(value)
+
+
+def get_backend(spec: "AttentionSpec | str") -> AttentionBackend:
+    """The backend a spec names, configured with its settings (text is read by AttentionSpec.parse first)."""
+    spec = attention_spec(spec)
+    backend = _registered(spec.name, spec.name)
+    if spec.settings is None:
         return backend
-    if backend.configure is None:
-        raise ValueError(f"Attention backend {base!r} takes no options, got {name!r}.")
-    return backend.configure(options)
+    if backend.settings is None or not isinstance(spec.settings, backend.settings):
+        raise ValueError(f"Attention backend {spec.name!r} takes {getattr(backend.settings, '__name__', 'no')} "
+                         f"settings, got {type(spec.settings).__name__}.")
+    return backend.configure(spec.settings)
 
 
 def available() -> list[str]:

@@ -1,13 +1,13 @@
 """The "vsa" attention backend: Video Sparse Attention over H3's target video (vsa_plan.py: tiles, permutation,
-schedule; vsa_kernel.py: the rule and its kernels). Settings ride on the backend's name, so an engine config stays
-one string: "vsa" (defaults) or "vsa:topk=0.1,dense=0.2" (registry.get_backend parses it)."""
+schedule; vsa_kernel.py: the rule and its kernels). Its settings are a VSASettings, carried by the engine's
+AttentionSpec("vsa", VSASettings(...)); the backend's name shows them ("vsa:topk=0.1,dense=0.2"; "vsa": defaults)."""
 
 from __future__ import annotations
 
 import torch
 
 from .dispatch import _sdpa_cudnn_first
-from .registry import AttentionBackend, register
+from .registry import AttentionBackend, AttentionSpec, register
 from .vsa_kernel import add_coarse_, sparse_attention
 from .vsa_plan import VSASettings, make_plan
 
@@ -39,7 +39,7 @@ def _sparse(q, k, v, plan):
 def backend(settings: VSASettings) -> AttentionBackend:
     name = "vsa" if settings == VSASettings() else f"vsa:{settings.spec()}"
     return AttentionBackend(name, _attend, _DESCRIPTION, lambda layout: make_plan(layout, settings),
-                            configure=lambda options: backend(VSASettings.parse(options)), gated=True)
+                            settings=VSASettings, configure=backend, gated=True)
 
 
 _DESCRIPTION = ("Video Sparse Attention: target video in 4x4x4 tiles, each video tile attends the prompt/condition "
@@ -49,6 +49,6 @@ _DESCRIPTION = ("Video Sparse Attention: target video in 4x4x4 tiles, each video
 register(backend(VSASettings()))
 
 
-def spec(topk: float, dense_steps: float) -> str:
-    """The backend name an engine config carries for these settings (checked here, one clear line if bad)."""
-    return backend(VSASettings(float(topk), float(dense_steps))).name
+def spec(topk: float, dense_steps: float) -> AttentionSpec:
+    """The engine's attention for these settings (VSASettings checks them: one clear line if bad)."""
+    return AttentionSpec("vsa", VSASettings(float(topk), float(dense_steps)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -154,7 +154,7 @@ class EngineOptions:
     device: str = "cpu"
     dtype: torch.dtype = torch.bfloat16  # compute dtype of the DiT and text encoder; fp32 modules stay fp32
     vae_dtype: torch.dtype = torch.float32
-    attention: str = "sdpa"
+    attention: Any = "sdpa"  # the runtime's AttentionBackend (or a registered name, for direct use)
     compile_blocks: bool = False
     load_text_encoder: bool = True
     reference_image_short_edge: int = 2048

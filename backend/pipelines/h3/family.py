@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...engine_config import DTYPES, EngineConfig
-from .options import ENGINE, WEIGHT_FORMATS, attention_name, parse_resident_blocks
+from .options import ENGINE, WEIGHT_FORMATS, engine_attention, parse_resident_blocks
 from .weights import H3WeightPolicy
 
 
@@ -56,7 +56,7 @@ def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | 
     placement, resident = parse_resident_blocks(resident_blocks)  # its rule: a ValueError naming it
     policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
                             adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
-    return h3_config(model_dir, attention=attention_name(attention, vsa_topk, vsa_dense_steps), weights=policy,
+    return h3_config(model_dir, attention=engine_attention(attention, vsa_topk, vsa_dense_steps), weights=policy,
                      **config)
 
 

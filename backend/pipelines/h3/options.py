@@ -5,7 +5,7 @@ is one Option here, and its field where its stage reads it."""
 
 from __future__ import annotations
 
-from ...attention.registry import available as attention_backends
+from ...attention.registry import AttentionSpec, available as attention_backends
 from ...engine_config import DTYPES
 from ...options import SEED, Option, OptionTable
 
@@ -104,15 +104,15 @@ ENGINE = OptionTable(
 )
 
 
-def attention_name(attention: str = "sdpa", vsa_topk: float | None = None,
-                   vsa_dense_steps: float | None = None) -> str:
-    """The engine config's attention backend for the attention option and, with vsa, its two settings (None: the
-    defaults); the settings mean nothing to the other backends and are ignored there."""
+def engine_attention(attention: str = "sdpa", vsa_topk: float | None = None,
+                     vsa_dense_steps: float | None = None) -> AttentionSpec:
+    """The engine config's attention for the attention option and, with vsa, its two settings (None: the defaults);
+    the settings mean nothing to the other backends and are ignored there."""
     from ...attention import vsa
 
     ENGINE["attention"].check(attention)
     if attention != "vsa":
-        return attention
+        return AttentionSpec(attention)
     topk = ENGINE["vsa_topk"].default if vsa_topk is None else vsa_topk
     dense = ENGINE["vsa_dense_steps"].default if vsa_dense_steps is None else vsa_dense_steps
     ENGINE.check({"vsa_topk": topk, "vsa_dense_steps": dense})

@@ -54,7 +54,7 @@ class SeedVR2Family:
 
         if get_backend(config.attention).make_plan is not None:  # a sparse backend's plan reads H3's packed layout
             raise ValueError(f"SeedVR2 takes a dense attention backend ({', '.join(dense_names())}), got "
-                             f"{config.attention!r}.")
+                             f"'{config.attention}'.")
         for what, path in (("DiT", o.dit_path), ("VAE", o.vae_path), ("text embedding", o.text_path)):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"SeedVR2 {what} file not found: {path}")
