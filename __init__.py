@@ -4,6 +4,10 @@ ComfyUI imports this folder by path as a package named after the folder. The cod
 package (with `nodes/` and `backend/` mapped under it, exactly as `pip install -e .` maps them), so this file makes
 that name importable from here when the pack was cloned into `custom_nodes/` without an install, then re-exports the
 node mappings. It never puts this folder on `sys.path`: that would shadow ComfyUI's own top-level `nodes` module.
+
+A ComfyUI with the V3 node API (comfy_api.latest) loads the nodes through `comfy_entrypoint` as io.Schema nodes;
+ComfyUI reads NODE_CLASS_MAPPINGS first, so it is None then. An older ComfyUI, or COMFYUI_H3_NODE_API=v1, gets the
+V1 classes in NODE_CLASS_MAPPINGS. Both serve the same node IDs, inputs and widget order.
 """
 
 import importlib.util
@@ -34,6 +38,15 @@ def _register_package() -> None:
 
 _register_package()
 
-from comfyui_h3.registration import NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS, WEB_DIRECTORY  # noqa: E402
+from comfyui_h3 import registration as _registration  # noqa: E402
 
-__all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
+NODE_DISPLAY_NAME_MAPPINGS = _registration.NODE_DISPLAY_NAME_MAPPINGS
+WEB_DIRECTORY = _registration.WEB_DIRECTORY
+_V3_ENTRYPOINT = _registration.v3_entrypoint()
+if _V3_ENTRYPOINT is None:
+    NODE_CLASS_MAPPINGS = _registration.NODE_CLASS_MAPPINGS
+    __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY"]
+else:
+    NODE_CLASS_MAPPINGS = None
+    comfy_entrypoint = _V3_ENTRYPOINT
+    __all__ = ["NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS", "WEB_DIRECTORY", "comfy_entrypoint"]

@@ -54,6 +54,24 @@ NODE_DISPLAY_NAME_MAPPINGS = {
 }
 WEB_DIRECTORY = "./js"
 
+
+def v3_entrypoint():
+    """ComfyUI's V3 entry point for these nodes (`comfy_entrypoint`: a ComfyExtension of io.Schema nodes built from
+    the classes above, node_schema_v3.py), or None where this ComfyUI has no V3 API or COMFYUI_H3_NODE_API=v1 asks for
+    the V1 classes."""
+    from .node_schema_v3 import comfy_extension, v3_io
+
+    found = v3_io()
+    if found is None:
+        return None
+    io, extension_base = found
+
+    def comfy_entrypoint():
+        return comfy_extension(io, extension_base, NODE_CLASS_MAPPINGS, NODE_DISPLAY_NAME_MAPPINGS)
+
+    return comfy_entrypoint
+
+
 # The mask editor's frame routes, on ComfyUI's server when one is running in this process (nothing elsewhere).
 register_routes()
 # The template browser's cards of this pack in a newcomer's order (comfyui_h3/templates.py).

@@ -207,6 +207,14 @@ def running_comfyui(root: Path, extra_args: tuple[str, ...] = ()) -> Iterator[Co
             os.unlink(link)
 
 
+def combo_choices(spec: list) -> list:
+    """A combo input's choices as /object_info serves them: V1 nodes as `[[choices...], {...}]`, V3 nodes (io.Combo)
+    as `["COMBO", {"options": [choices...], ...}]`."""
+    if spec[0] == "COMBO":
+        return list(spec[1].get("options") or [])
+    return list(spec[0])
+
+
 def probe_mp4(path: str) -> dict:
     import av
 

@@ -445,13 +445,13 @@ def test_stop_between_batches_keeps_the_finished_frames(tiny_engine, tmp_path, m
 def test_the_shipped_upscale_workflow_runs_in_comfyui(comfy):
     """ComfyUI lists both nodes (tooltips, the tiny model first) and runs the shipped Load Video -> SeedVR2 Upscale
     -> Save Video workflow through /prompt: the saved MP4 has the input's frames, rate and sound at twice its size."""
-    from comfyui_lane import probe_mp4
+    from comfyui_lane import combo_choices, probe_mp4
 
     status, info = comfy.request("/object_info")
     assert status == 200 and {"H3_SeedVR2Loader", "H3_SeedVR2Upscale"} <= set(info), comfy.why("nodes missing")
     from comfyui_h3.tiny_model import TINY_SEEDVR2_NAME
 
-    assert info["H3_SeedVR2Loader"]["input"]["required"]["model"][0][0] == TINY_SEEDVR2_NAME
+    assert combo_choices(info["H3_SeedVR2Loader"]["input"]["required"]["model"])[0] == TINY_SEEDVR2_NAME
     assert info["H3_SeedVR2Upscale"]["output"] == ["VIDEO"]
     result = comfy.run_cli("seedvr2_upscale_video.api.json", comfy.root / "downloads", "2.frame_load_cap=9",
                            '1.device="cpu"', '1.dtype="float32"')

@@ -422,7 +422,7 @@ def test_the_bench_runs_its_tiny_dry_run(tmp_path):
 # -- a real ComfyUI (the integration lane; skipped without COMFYUI_DIR) -----------------------------------------------
 
 def _lane_prompt(track_inputs: dict) -> dict:
-    from comfyui_lane import WORKFLOWS
+    from comfyui_lane import WORKFLOWS, combo_choices
 
     shipped = json.loads((WORKFLOWS / "h3_object_removal_clicks.api.json").read_text())
     load = {**shipped["2"]["inputs"], "frame_load_cap": 24}  # the sample clip's first second
@@ -442,7 +442,7 @@ def test_track_mask_in_a_real_comfyui(comfy_lane):
     assert status == 200 and "H3_TrackMask" in info, comfy.why(str(info)[:2000])
     node = info["H3_TrackMask"]
     assert node["display_name"] == "H3 Track Mask" and node["output"] == ["MASK"]
-    assert node["input"]["required"]["model"][0][:2] == [TINY_SAM2_NAME, TINY_SAM3_NAME]
+    assert combo_choices(node["input"]["required"]["model"])[:2] == [TINY_SAM2_NAME, TINY_SAM3_NAME]
     for section in ("required", "optional"):
         for name, spec in node["input"][section].items():
             assert (spec[1] if len(spec) > 1 else {}).get("tooltip"), f"{name} has no tooltip"
