@@ -422,7 +422,7 @@ def test_the_bench_runs_its_tiny_dry_run(tmp_path):
 # -- a real ComfyUI (the integration lane; skipped without COMFYUI_DIR) -----------------------------------------------
 
 def _lane_prompt(track_inputs: dict) -> dict:
-    from comfyui_lane import WORKFLOWS, combo_choices
+    from comfyui_lane import WORKFLOWS
 
     shipped = json.loads((WORKFLOWS / "h3_object_removal_clicks.api.json").read_text())
     load = {**shipped["2"]["inputs"], "frame_load_cap": 24}  # the sample clip's first second
@@ -437,6 +437,8 @@ def _lane_prompt(track_inputs: dict) -> dict:
 
 
 def test_track_mask_in_a_real_comfyui(comfy_lane):
+    from comfyui_lane import combo_choices
+
     comfy = comfy_lane
     status, info = comfy.request("/object_info/H3_TrackMask")
     assert status == 200 and "H3_TrackMask" in info, comfy.why(str(info)[:2000])
