@@ -1,7 +1,7 @@
 // Pure mask logic of H3 Mask Draw, shared by the widget (live preview) and the tests. No DOM, no ComfyUI.
 // It mirrors backend/media/mask_raster.py rule for rule; that module's docstring states the state JSON schema
 // (version 1: {version, width, height, grow, feather, invert, keyframes: [{frame, shapes: [...]}]}) and the rules.
-// Change both together: tests/test_mask_nodes.py runs this file under node and compares the masks.
+// Change both together: tests/nodes/test_mask_nodes.py runs this file under node and compares the masks.
 
 export const SCHEMA_VERSION = 1;
 export const SHAPE_TYPES = ["brush", "eraser", "rect", "ellipse"];

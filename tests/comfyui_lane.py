@@ -229,7 +229,7 @@ def probe_mp4(path: str) -> dict:
 def frontend_model_lookup(error: str) -> bool:
     """A console error for a request the lane's CSP refused to huggingface.co: newer frontends (1.58 with ComfyUI
     0.33) check the model files of ComfyUI's own default graph there when they start. This pack's workflows name no
-    URL (tests/test_lane_tools.py checks), so such a look-up is never about them."""
+    URL (tests/lane/test_lane_tools.py checks), so such a look-up is never about them."""
     return "https://huggingface.co/" in error and "Content Security Policy" in error  # "Connecting to" / "Fetch API"
 
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_extension.py in a fresh process: extend a 256x448 tiny-model source by N windows into a file and
+"""Run by tests/pipelines/h3/test_extension.py in a fresh process: extend a 256x448 tiny-model source by N windows into a file and
 print {"loaded_mb", "peak_mb", "frames", "window_mb"}: peak resident set size after loading and at the end, and the
 current resident set size at the end of each window's (single) denoise step."""
 

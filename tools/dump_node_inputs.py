@@ -1,6 +1,6 @@
 """Write every registered node's INPUT_TYPES (names, order, types, defaults, ranges, tooltips) as JSON: the
 fixture tests/fixtures/node_inputs_de4eda1.json was made by running this on commit de4eda1, the last commit before the
-options were declared once (backend/options.py), so tests/test_options.py can show saved workflows meet the same
+options were declared once (backend/options.py), so tests/nodes/test_options.py can show saved workflows meet the same
 widgets. Usage: python tools/dump_node_inputs.py REPO_CHECKOUT OUT.json (the checkout's code is imported)."""
 
 from __future__ import annotations

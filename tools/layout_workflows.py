@@ -6,7 +6,7 @@ Starts a ComfyUI serving this pack (tests/comfyui_lane.py), loads each workflow 
 (tests/js/comfyui_hardening_check.mjs, check "layout"), with the canvas renderer and with the Vue ("Nodes 2.0") one,
 and reads every node's size once the frontend has laid it out (DOM widgets measured, video previews loaded). Each node
 is saved as tall as either renderer draws it, and the columns of the original design are restacked with GAP px between
-boxes, title bars included. Only `pos` and `size` change. The integration lane (tests/test_comfyui_hardening_ui.py)
+boxes, title bars included. Only `pos` and `size` change. The integration lane (tests/lane/test_comfyui_hardening_ui.py)
 checks that no two boxes overlap in either renderer. Workflows with ComfyUI's own MiniMax-H3 nodes
 (comfyui_h3/native_workflows.py) are laid out only by a ComfyUI that has those nodes; others keep their saved layout.
 """

@@ -13,7 +13,7 @@ The checkout (github.com/ByteDance-Seed/SeedVR) is imported from the given path 
 - Numerics: tiny configs made from the released ones by overriding only the sizes (width, heads, head_dim, layers,
   mm_layers, rope_dim, text width, window counts), float32. Only the outputs (and the official RoPE freqs buffer)
   are stored: the random-looking weights and inputs come from tools/seedvr2_det.py (exact integer arithmetic that
-  tests/test_seedvr2_dit.py imports too; per-weight and per-input sums in the metadata guard it), so
+  tests/pipelines/seedvr2/test_seedvr2_dit.py imports too; per-weight and per-input sums in the metadata guard it), so
   the fixtures stay under 3 MB (stored bfloat16 weights would add 1.6 MB).
 - Patches, in memory only: an `apex.normalization` stub (FusedRMSNorm = float32 RMSNorm math, FusedLayerNorm =
   nn.LayerNorm) and a `flash_attn.flash_attn_varlen_func` stub (exact per-segment softmax attention in float64)

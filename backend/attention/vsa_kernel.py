@@ -216,8 +216,8 @@ if triton is not None:
 #: TMA, 4-D view, 5 stages 44.6 ms (389 TFLOP/s on the attended blocks) vs this kernel's 55.5 ms on random
 #: selections; 43.3 vs 55.5 ms on local ones; 8 warps >= 74 ms for both (session 10, with the FMA softmax update:
 #: 44.4 / 42.3 ms vs the pointer kernel's 54.0 / 53.3 ms). The TMA loop's other forms, each correct
-#: (tests/test_vsa.py) and each slower there (session 10, docs/runs/h200-2026-12-02b): "tma_pairs": 2 (two tiles per
-#: key block) 55-57 ms vs 45-46 ms; "tma_lookahead" (next block's QK^T before this block's softmax) 46-48 ms;
+#: (tests/attention/test_vsa.py) and each slower there (session 10, docs/runs/h200-2026-12-02b): "tma_pairs": 2
+#: (two tiles per key block) 55-57 ms vs 45-46 ms; "tma_lookahead" (next block's QK^T before this block's softmax) 46-48 ms;
 #: "tma_lazy" (rescale only when a row max grows by more than 2^8) 46-50 ms. Kept for other GPUs and head sizes.
 KERNEL_CONFIG = {"pairs": 1, "num_warps": 4, "num_stages": 3, "tma": True, "tma_view": "auto", "tma_stages": 5,
                  "tma_pairs": 1, "tma_lookahead": False, "tma_lazy": False}

@@ -1,5 +1,5 @@
 """Mask drawing state -> MASK frames: the rules H3 Mask Draw runs, mirrored line for line by js/mask_logic.js (the
-live preview). Change both together; tests/test_mask_nodes.py checks they agree.
+live preview). Change both together; tests/nodes/test_mask_nodes.py checks they agree.
 
 State JSON (the `mask_state` widget of H3 Mask Draw), version 1::
 

@@ -1,4 +1,4 @@
-// Driven by tests/test_mask_widget_browser.py (not a node --test file): mounts the MaskEditor (js/mask_canvas.js) on a
+// Driven by tests/js/test_mask_widget_browser.py (not a node --test file): mounts the MaskEditor (js/mask_canvas.js) on a
 // bare page in headless Chromium, draws a brush stroke with the mouse and prints {state, mask} as JSON.
 // usage: node tests/js/browser_check.mjs <chromium executable>
 import http from "node:http";

@@ -1,4 +1,4 @@
-// Driven by tests/test_comfyui_hardening_ui.py (not a node --test file): the pack's UI in the real ComfyUI frontend,
+// Driven by tests/lane/test_comfyui_hardening_ui.py (not a node --test file): the pack's UI in the real ComfyUI frontend,
 // as a newcomer meets it. Runs the checks named in the config and prints one JSON object on stdout (the pytest side
 // judges it).
 // usage: node tests/js/comfyui_hardening_check.mjs <chromium> '<config JSON>'

@@ -1,4 +1,4 @@
-// Driven by tests/test_mask_draw_in_comfyui.py (not a node --test file): the H3 Mask Draw node (js/mask_draw.js) in the
+// Driven by tests/lane/test_mask_draw_in_comfyui.py (not a node --test file): the H3 Mask Draw node (js/mask_draw.js) in the
 // real ComfyUI frontend. Loads a UI workflow, points its H3 Load Video at a clip, checks the editor, changes the
 // loader's frame cap and back, scrubs the timeline, draws a rectangle with the mouse, sets a grow, reads the state
 // back (widget, graphToPrompt, saved workflow) and optionally presses Run. Prints one JSON object on stdout; the pytest

@@ -1,4 +1,4 @@
-// Driven by tests/test_video_editor_in_comfyui.py (not a node --test file): the full-size video editor
+// Driven by tests/lane/test_video_editor_in_comfyui.py (not a node --test file): the full-size video editor
 // (js/mask_dialog.js) opened from H3 Mask Draw and from H3 Track Mask in the real ComfyUI frontend. Builds
 // Load Video -> Track Mask -> Mask Draw (mask input) -> Mask Preview on the canvas, points the loader at a clip, then
 // as a user: opens Mask Draw's editor with its button, scrubs, draws a stroke, undoes and redoes, closes; opens Track

@@ -1,4 +1,4 @@
-// Helper for tests/test_mask_nodes.py: node tests/js/render_state.mjs <state.json> <frames> <width> <height>
+// Helper for tests/nodes/test_mask_nodes.py: node tests/js/render_state.mjs <state.json> <frames> <width> <height>
 // prints the JS masks ([frames][height*width], state's grow / feather / invert) as JSON.
 import fs from "node:fs";
 import { parseState, renderFrame } from "../../js/mask_logic.js";

@@ -1,4 +1,4 @@
-// Driven by tests/test_video_editor_browser.py (not a node --test file): opens the full-size video editor
+// Driven by tests/js/test_video_editor_browser.py (not a node --test file): opens the full-size video editor
 // (js/mask_dialog.js) on a bare page in headless Chromium, in both modes, and works it with the mouse and keyboard
 // as a user would: scrub, brush size, draw, undo / redo, zoom and pan then draw again, onion skins, tint, play, and
 // (prompts mode) clicks + / -, a box, a second object, remove. Prints one JSON object of what it saw; the pytest side

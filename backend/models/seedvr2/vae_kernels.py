@@ -9,7 +9,7 @@ takes its generic strided kernel.
 The torch path in vae_ops.py (``FrameGroupNorm``) is the reference: per (batch, group, frame) fp32 mean and
 1 / sqrt(var + eps) (population variance), then ``((x - mean) * rstd) * weight + bias`` in fp32, SiLU, one rounding
 to the output dtype. The kernels compute the same formula in fp32; they differ from it only by summation order in the
-statistics and by fused multiply-adds (tests/test_seedvr2_vae_kernels.py bounds both).
+statistics and by fused multiply-adds (tests/pipelines/seedvr2/test_seedvr2_vae_kernels.py bounds both).
 
 Contracts: x / part / out are 5-D [B, C, T, H, W] tensors of any strides (views of bands and of padded buffers);
 mean and rstd are fp32 [B, G, T_all], contiguous; weight and bias fp32 [C]. Offsets are int64 (a decoder activation
@@ -82,7 +82,7 @@ def _stats_partial_cl(x_ptr, part_ptr, C, T, H, W, s_b, s_c, s_t, s_h, s_w, per_
     # (count, mean, M2) over its pixels. Each thread keeps running sums of (x - K) and (x - K)^2 over its own lanes
     # (no reduction inside the loop, so the loop runs at memory speed), K = the channel's value at the run's first
     # pixel: with the data shifted by a value of the data, the sum of squares does not cancel (a mean 300x the
-    # spread keeps the variance; tests/test_seedvr2_vae_kernels.py).
+    # spread keeps the variance; tests/pipelines/seedvr2/test_seedvr2_vae_kernels.py).
     bt = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1).to(tl.int64)
     t = bt % T
@@ -234,7 +234,8 @@ def norm_apply(part: torch.Tensor, t0: int, mean: torch.Tensor, rstd: torch.Tens
 
 SOFTMAX_BLOCK = 2048
 # A finite "minus infinity" (a lane that saw only padding never makes exp(-inf - -inf) = nan); a constexpr, as a
-# compiled kernel reads no other globals (the interpreter does: tests/test_seedvr2_vae_gpu.py compiles it).
+# compiled kernel reads no other globals (the interpreter does; tests/pipelines/seedvr2/test_seedvr2_vae_gpu.py
+# compiles it).
 _FAR_BELOW = tl.constexpr(-1.0e30)
 
 

@@ -21,7 +21,8 @@ frame statistics, which the second pass normalises with. They are not the whole 
 with the tiles' own statistics upstream); exact ones would need all tiles to advance layer by layer together, i.e.
 the whole frame's activations and causal carries held at once, which is what tiling avoids (more passes do not
 converge: measured). This is NOT the whole pass: the difference is a measured, stated tolerance
-(tests/test_seedvr2_vae_tiling.py; released size: bench/seedvr2.py vae_tiling), never the default of the pipeline.
+(tests/pipelines/seedvr2/test_seedvr2_vae_tiling.py; released size: bench/seedvr2.py vae_tiling), never the
+default of the pipeline.
 One tile covering the frame runs the plain pass (bitwise).
 
 Tile size and overlap are in video pixels (the decoder's output, the encoder's input), multiples of the VAE's

@@ -85,8 +85,8 @@ class Preset:
 
 # Each soft edge sits where the earlier presets' outward ramp (grow g0, then a ramp f0 px wide outside it) had its
 # middle: grow = g0 + f0 / 2, feather = f0 (about as wide a ramp); and every grow covers its feather's reach (module
-# docstring, step 4; inpaint's 12 would not: 13), so the given mask stays fully regenerated. tests/test_editing.py
-# checks that for each preset.
+# docstring, step 4; inpaint's 12 would not: 13), so the given mask stays fully regenerated.
+# tests/pipelines/h3/test_editing.py checks that for each preset.
 PRESETS = {
     "removal": Preset("removal", 40, 16, "blend", 0.5,
                       "remove what the mask covers: grow 40 px (room for the object's shadow and edge), feather 16 px "

@@ -9,7 +9,8 @@ the batch gives the same tiles in a few large passes; they are then stitched exa
 
 Numerics: the same operations on the same values, but the GEMMs see more rows and may pick other kernels / split
 sums differently, so the result equals the tile-by-tile decode up to float summation order, not bit for bit
-(tests/test_h3_tile_batch.py: float32 on the CPU; bench/vae_profile.py h3 measures the uint8 difference on the GPU).
+(tests/pipelines/h3/test_h3_tile_batch.py: float32 on the CPU; bench/vae_profile.py h3 measures the uint8 difference
+on the GPU).
 """
 
 from __future__ import annotations
