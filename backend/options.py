@@ -148,8 +148,12 @@ class Option:
         rng = self.range_text() if self.kind in ("int", "float") else ""  # a choice's list: argparse shows it
         if rng and rng not in text:
             text += f" Range {rng}."
-        if self.kind == "bool":
-            parser.add_argument(self.cli_flag, dest=self.name, action="store_true", help=text, **extra)
+        if self.kind == "bool":  # on by default: --flag / --no-flag (argparse's pair); off: --flag alone
+            import argparse
+
+            on = self.default if default is UNSET else default
+            action = argparse.BooleanOptionalAction if on else "store_true"
+            parser.add_argument(self.cli_flag, dest=self.name, action=action, default=bool(on), help=text, **extra)
             return
         kwargs: dict = {"dest": self.name, "default": self.default if default is UNSET else default, "help": text}
         if self.kind == "choice" and "choices" not in extra:

@@ -36,6 +36,7 @@ def build_request(args):
     clip = decode_video(args.video)
     return UpscaleRequest(frames=clip.frames, **target, batch_frames=args.batch_frames, overlap=args.overlap,
                           color_fix=args.color_fix, seed=args.seed, edge=args.edge, vae_tile=args.vae_tile,
+                          scene_cuts=args.scene_cuts,
                           fps=Fraction(clip.frame_rate),
                           audio=clip.audio, sample_rate=clip.sample_rate,
                           encode_options={"crf": args.crf, "preset": "veryfast",

@@ -11,6 +11,9 @@ meet this is a raised-cosine cross-fade whose two weights are complementary; whe
 slid last batch) the normalisation keeps the sum at 1. The incoming batch's first frames get the lowest weights
 (they carry the causal VAE's first-frame artefact). Frames covered by one batch have weight exactly 1.
 
+Shots: a clip with hard cuts (scene_cuts.py) is planned shot by shot (`plan_shots`): each shot's batches as
+above, never one batch or one cross-fade across a cut (the batches on either side of a cut meet with no overlap).
+
 Streaming: `StreamBlender` takes the batches' output frames in order and returns each frame as soon as no later
 batch covers it; it holds only the overlap frames (float32), so the whole clip never sits in memory.
 """
@@ -50,13 +53,15 @@ def keeps_temporal_attention(batch: int) -> bool:
 @dataclass(frozen=True)
 class BatchPlan:
     """frames: the video's frame count; batch, overlap: as asked; spans: (start, stop) of each batch, in order,
-    starts increasing; warning: a one-line note for the user (None when nothing to say)."""
+    starts increasing; warning: a one-line note for the user (None when nothing to say); cuts: the frames that
+    start a new shot, where no batch crosses (plan_shots)."""
 
     frames: int
     batch: int
     overlap: int
     spans: Tuple[Span, ...]
     warning: Optional[str] = None
+    cuts: Tuple[int, ...] = ()
 
     @property
     def count(self) -> int:
@@ -94,6 +99,22 @@ def plan_batches(frames: int, batch: int, overlap: int) -> BatchPlan:
         warning = (f"SeedVR2 batches of {batch} frames have no temporal attention (one latent frame per window): "
                    f"expect flicker; use 17 frames or more.")
     return BatchPlan(frames, batch, overlap, tuple((s, s + batch) for s in starts), warning)
+
+
+def plan_shots(frames: int, batch: int, overlap: int, cuts: Sequence[int] = ()) -> BatchPlan:
+    """plan_batches for each shot of a clip cut at `cuts` (frame indices that start a shot), joined in order: no
+    batch spans a cut and consecutive batches across one share no frame. No cuts: exactly plan_batches."""
+    frames = int(frames)
+    edges = [0] + sorted({int(c) for c in cuts if 0 < int(c) < frames}) + [frames]
+    if len(edges) == 2:
+        return plan_batches(frames, batch, overlap)
+    spans, warnings = [], []
+    for start, stop in zip(edges, edges[1:]):
+        shot = plan_batches(stop - start, batch, min(overlap, batch - 1))
+        spans += [(start + s, start + e) for s, e in shot.spans]
+        if shot.warning and shot.warning not in warnings:
+            warnings.append(shot.warning)
+    return BatchPlan(frames, int(batch), int(overlap), tuple(spans), " ".join(warnings) or None, tuple(edges[1:-1]))
 
 
 def _ramp_up(length: int) -> torch.Tensor:

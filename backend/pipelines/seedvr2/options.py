@@ -88,5 +88,11 @@ UPSCALE = OptionTable(
                    "many pixels a side (a multiple of 8, at least 128; one GPU only), for outputs whose frames do not "
                    "fit the GPU whole, e.g. 4K. Close to, not equal to, the whole-frame result, and slower; a memory "
                    "error names the largest tile that fits."),
+    Option("scene_cuts", "bool", True, node="optional",
+           help="Keep hard cuts: no batch spans a cut and no cross-fade blends two shots (cuts found from frame "
+                "differences before any work). --no-scene-cuts batches the clip as one shot.",
+           tooltip="On: hard cuts in the video are found (from frame differences, before any work) and kept: no "
+                   "batch spans a cut and no cross-fade blends two shots. Off: the clip is batched as one shot. A "
+                   "clip without cuts is the same either way."),
     label="SeedVR2 Upscale's {name}",
 )

@@ -17,10 +17,11 @@ import torch
 from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
-from .batches import StreamBlender, padded_frames, plan_batches
+from .batches import StreamBlender, padded_frames, plan_shots
 from .memory import check_fits, check_host, host_free_bytes, sink_bytes_per_pixel, vae_scale
 from .preprocess import plan_geometry
 from .request import UpscaleRequest, UpscaleResult
+from .scene_cuts import find_cuts
 from .restore import batch_generator, restore_batch
 
 
@@ -85,7 +86,9 @@ class SeedVR2Pipeline:
                            act, vae_act, device_free, world, req.vae_tile, **model)
         batch = min(batch, padded_frames(req.num_frames))
         overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
-        return geometry, plan_batches(req.num_frames, batch, overlap if req.num_frames > batch else 0)
+        # every rank finds the same cuts in the same frames (a deterministic host computation)
+        cuts = find_cuts(req.frames) if req.scene_cuts else []
+        return geometry, plan_shots(req.num_frames, batch, overlap if req.num_frames > batch else 0, cuts)
 
     @torch.no_grad()
     def run(self, req: UpscaleRequest, on_step: Callable[[int, int], None] | None = None,
@@ -158,7 +161,8 @@ class SeedVR2Pipeline:
         request's `timings=True` path; per-batch host seconds always."""
         out_h, out_w = geometry.output
         shapes = {"input": list(req.frames.shape[:3]), "output": [req.num_frames, out_h, out_w],
-                  "model": list(geometry.model), "batches": plan.count, "batch_frames": plan.batch}
+                  "model": list(geometry.model), "batches": plan.count, "batch_frames": plan.batch,
+                  "scene_cuts": list(plan.cuts)}
         stage_timings = {"total_s": timings["total_s"]}
         if "decode_s" in timings:
             stage_timings["decode_s"] = timings["decode_s"]

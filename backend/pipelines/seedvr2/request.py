@@ -23,7 +23,8 @@ class UpscaleRequest:
     (seed, k).
     output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory).
     vae_tile: 0, or the VAE encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128;
-    one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py)."""
+    one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py).
+    scene_cuts: hard cuts found in `frames` (scene_cuts.py) are kept: batches planned shot by shot (batches.py)."""
 
     frames: torch.Tensor
     scale: float | None = 2.0
@@ -42,6 +43,7 @@ class UpscaleRequest:
     sample_rate: int | None = None
     timings: bool = False  # seconds per stage in the result (synchronises the device at stage borders)
     vae_tile: int = 0
+    scene_cuts: bool = True
 
     @property
     def num_frames(self) -> int:
