@@ -22,7 +22,9 @@ def parse_size(text: str) -> tuple[int, int]:
 def build_request(args):
     from fractions import Fraction
 
-    from .backend.media.decode import decode_video
+    from .backend.media.audio_decode import decode_planned_audio
+    from .backend.media.decode import plan_frames
+    from .backend.media.planned_frames import PlannedFrames
     from .backend.pipelines.seedvr2.request import UpscaleRequest
 
     if not os.path.isfile(args.video):
@@ -33,12 +35,15 @@ def build_request(args):
     elif args.size is not None:
         width, height = parse_size(args.size)
         target = {"scale": None, "width": width, "height": height}
-    clip = decode_video(args.video)
-    return UpscaleRequest(frames=clip.frames, **target, batch_frames=args.batch_frames, overlap=args.overlap,
+    # The frames are read from the file batch by batch in the worker (host memory bounded by a batch, not the clip);
+    # the sound, small, is decoded here.
+    plan = plan_frames(args.video)
+    audio, sample_rate = decode_planned_audio(args.video, plan)
+    return UpscaleRequest(frames=PlannedFrames(args.video, plan), **target, batch_frames=args.batch_frames,
+                          overlap=args.overlap,
                           color_fix=args.color_fix, seed=args.seed, edge=args.edge, vae_tile=args.vae_tile,
                           scene_cuts=args.scene_cuts,
-                          fps=Fraction(clip.frame_rate),
-                          audio=clip.audio, sample_rate=clip.sample_rate,
+                          fps=Fraction(plan.frame_rate), audio=audio, sample_rate=sample_rate,
                           encode_options={"crf": args.crf, "preset": "veryfast",
                                           "metadata": {"comment": "comfyui-h3 upscale"}})
 

@@ -74,12 +74,13 @@ class H3SeedVR2Upscale:
                                    batch_frames=batch_frames, overlap=overlap, color_fix=color_fix, seed=seed,
                                    edge=edge, fps=fps, vae_tile=vae_tile or 0, **more))
         if video is not None:
-            from ..video_types import video_to_frames_audio
+            from ..video_types import video_frame_source
 
-            frames, rate, wave, sample_rate = video_to_frames_audio(video)
+            # workers on this machine read H3 Load Video's file batch by batch; Ray's may run elsewhere
+            frames, rate, wave, sample_rate = video_frame_source(video, from_file=engine.config.executor == "mp")
         else:
             frames, rate, wave, sample_rate = images_to_frames(images), as_fraction(float(fps)), None, None
-        request = UpscaleRequest(frames=frames.cpu(), **target_fields(target, scale, short_side, width, height),
+        request = UpscaleRequest(frames=frames, **target_fields(target, scale, short_side, width, height),
                                  batch_frames=int(batch_frames), overlap=int(overlap), color_fix=color_fix,
                                  seed=int(seed), edge=edge, vae_tile=int(vae_tile or 0), fps=Fraction(rate),
                                  audio=None if wave is None else torch.as_tensor(wave).float().cpu(),

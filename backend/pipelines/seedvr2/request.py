@@ -9,13 +9,16 @@ from fractions import Fraction
 import torch
 
 from ...errors import RequestError
+from ...media.planned_frames import PlannedFrames
 from . import options
 from .options import MAX_SIDE, MIN_SIDE
 
 
 @dataclass
 class UpscaleRequest:
-    """frames: torch.uint8 [F, H, W, 3] RGB on the host (a ComfyUI IMAGE batch or a VIDEO's frames, F >= 1).
+    """frames: torch.uint8 [F, H, W, 3] RGB on the host (a ComfyUI IMAGE batch or a VIDEO's frames, F >= 1), or a
+    media.planned_frames.PlannedFrames reading them from their file batch by batch (host memory bounded by a batch,
+    not the clip; workers on this machine).
     Target size: exactly one of `scale` (x the input), `short_side` (pixels of the output's shorter side) or
     `width`+`height`; the output keeps the input's frame count and frame rate.
     batch_frames: frames restored together (options.py's rule; 0 = as many as fit, memory.py); overlap:
@@ -26,7 +29,7 @@ class UpscaleRequest:
     one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py).
     scene_cuts: hard cuts found in `frames` (scene_cuts.py) are kept: batches planned shot by shot (batches.py)."""
 
-    frames: torch.Tensor
+    frames: "torch.Tensor | PlannedFrames"
     scale: float | None = 2.0
     short_side: int | None = None
     width: int | None = None
@@ -51,7 +54,8 @@ class UpscaleRequest:
 
     def validate(self) -> None:
         f = self.frames
-        if not isinstance(f, torch.Tensor) or f.dim() != 4 or f.shape[-1] != 3 or f.dtype != torch.uint8:
+        if not isinstance(f, (torch.Tensor, PlannedFrames)) or f.dim() != 4 or f.shape[-1] != 3 \
+                or f.dtype != torch.uint8:
             shape = tuple(f.shape) if isinstance(f, torch.Tensor) else type(f).__name__
             raise RequestError(f"Upscale input must be uint8 RGB frames [frames, height, width, 3], got {shape}.")
         if f.shape[0] < 1:

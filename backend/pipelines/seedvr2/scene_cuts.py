@@ -31,15 +31,17 @@ def thumbnails(frames: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.avg_pool2d(grid, pool, ceil_mode=True)
 
 
-def frame_differences(frames: torch.Tensor) -> torch.Tensor:
-    """float32 [F - 1]: the mean absolute difference (0..1) of each frame's thumbnail with the one before."""
+def frame_differences(frames) -> torch.Tensor:
+    """float32 [F - 1]: the mean absolute difference (0..1) of each frame's thumbnail with the one before. `frames`:
+    a uint8 tensor [F, H, W, 3] or a source read in chunks (media/planned_frames.py: one pass over its file)."""
     if frames.shape[0] < 2:
         return torch.zeros(0)
-    thumbs = thumbnails(frames)
+    chunks = frames.chunks() if hasattr(frames, "chunks") else frames.split(64)
+    thumbs = torch.cat([thumbnails(chunk) for chunk in chunks])
     return (thumbs[1:] - thumbs[:-1]).abs().mean(dim=(1, 2, 3))
 
 
-def find_cuts(frames: torch.Tensor) -> List[int]:
+def find_cuts(frames) -> List[int]:
     """The frames that start a new shot (index c: frames c - 1 and c are in different shots), in order."""
     diffs = frame_differences(frames)
     cuts = []
