@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from .video_types import H3Video
+from .video_types import H3Video, video_to_frames_audio
 
 _UNSET = object()
 
@@ -111,3 +111,15 @@ class H3FileVideo(H3Video):
         state = "decoded" if self.decoded else "not decoded yet"
         return (f"H3FileVideo({os.path.basename(self.path)!r}: {self.plan.frame_count} frames "
                 f"{self.plan.width}x{self.plan.height} @ {self.plan.frame_rate} fps, {state})")
+
+
+def video_frame_source(video: Any, from_file: bool = True):
+    """(frames, frame_rate, float32 audio [C, S] or None, sample_rate or None) of any VIDEO, where frames is a
+    PlannedFrames reading H3 Load Video's file batch by batch (`from_file` and not yet decoded: a long clip never
+    sits whole in host memory) or else the uint8 tensor [T, H, W, 3] of video_to_frames_audio."""
+    if from_file and isinstance(video, H3FileVideo) and not video.decoded:
+        from .backend.media.planned_frames import PlannedFrames
+
+        return PlannedFrames(video.path, video.plan), video.frame_rate, video.audio, video.sample_rate
+    frames, rate, audio, sample_rate = video_to_frames_audio(video)
+    return frames.cpu(), rate, audio, sample_rate

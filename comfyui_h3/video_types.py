@@ -360,16 +360,3 @@ def video_to_frames_audio(video: Any) -> tuple[torch.Tensor, Fraction, torch.Ten
     h3 = as_h3_video(video)
     return h3.frames, h3.frame_rate, h3.audio, h3.sample_rate
 
-
-def video_frame_source(video: Any, from_file: bool = True):
-    """(frames, frame_rate, float32 audio [C, S] or None, sample_rate or None) of any VIDEO, where frames is a
-    PlannedFrames reading H3 Load Video's file batch by batch (`from_file` and not yet decoded: a long clip never
-    sits whole in host memory) or else the uint8 tensor [T, H, W, 3] of video_to_frames_audio."""
-    from .video_file import H3FileVideo
-
-    if from_file and isinstance(video, H3FileVideo) and not video.decoded:
-        from .backend.media.planned_frames import PlannedFrames
-
-        return PlannedFrames(video.path, video.plan), video.frame_rate, video.audio, video.sample_rate
-    frames, rate, audio, sample_rate = video_to_frames_audio(video)
-    return frames.cpu(), rate, audio, sample_rate

@@ -74,7 +74,7 @@ class H3SeedVR2Upscale:
                                    batch_frames=batch_frames, overlap=overlap, color_fix=color_fix, seed=seed,
                                    edge=edge, fps=fps, vae_tile=vae_tile or 0, **more))
         if video is not None:
-            from ..video_types import video_frame_source
+            from ..video_file import video_frame_source
 
             # workers on this machine read H3 Load Video's file batch by batch; Ray's may run elsewhere
             frames, rate, wave, sample_rate = video_frame_source(video, from_file=engine.config.executor == "mp")

@@ -3,7 +3,6 @@ float64 reference (torch fallback on the CPU, the Triton kernel on a GPU; interp
 test_vsa_interpreted.py), top-k = all tiles equal to dense attention, and the tiny H3 model end to end with the "vsa"
 backend."""
 
-from repo_paths import REPO_DIR
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.attention.dispatch import _sdpa
 from comfyui_h3.backend.attention.registry import AttentionSpec, available, get_backend
 from comfyui_h3.backend.attention.vsa_kernel import (reference, select_tiles, sparse_attention, triton,

@@ -3,7 +3,6 @@
 Each runs in a subprocess (TRITON_INTERPRET must be set before triton is imported); the compiled kernels' GPU tests
 are in test_vsa.py."""
 
-from repo_paths import REPO_DIR
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import textwrap
 
 import pytest
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.attention.vsa_kernel import triton
 from triton_interpreter import require_interpreter
 

@@ -2,7 +2,6 @@
 score, ranks by a cumulative count) against torch.topk + sort, through Triton's interpreter on the CPU and natively
 on a GPU; ties at the k-th score keep the lowest columns."""
 
-from repo_paths import REPO_DIR
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import textwrap
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.attention.vsa_topk import (MAX_COLUMNS, topk_ascending, topk_ascending_torch,
                                                  triton_topk_supported)
 from triton_interpreter import require_interpreter

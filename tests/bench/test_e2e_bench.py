@@ -3,7 +3,6 @@ on 2 ranks gives the 1-rank run's result (ours through the engine worker's setup
 through its own context parallelism), every rank holding the same random weights; a run that cannot finish stops
 every rank; a degree that does not divide the heads is one line before any rank starts."""
 
-from repo_paths import REPO_DIR
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import uuid
 
 import pytest
 import torch
+from repo_paths import REPO_DIR
 
 pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
 

@@ -3,7 +3,6 @@ workers must ignore it and the CLI must turn it into the agreed Stop: exit 130, 
 traceback), the finished windows kept as OUT_partial_NNNNN.mp4 (a valid MP4), and no worker left behind. `run` (nodes,
 as in ComfyUI) takes the same Stop."""
 
-from repo_paths import REPO_DIR
 import os
 import re
 import signal
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_no_worker_left, lines_after_sigint, run_and_interrupt
+from repo_paths import REPO_DIR
 
 WINDOW, OVERLAP, SOURCE = 56, 22, 124
 

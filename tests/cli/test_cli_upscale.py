@@ -2,7 +2,6 @@
 input's frame count, rate and sound; one-line errors (exit 2) that leave nothing behind; never overwriting; Ctrl-C
 keeps the finished frames as OUT_partial_NNNNN.mp4."""
 
-from repo_paths import REPO_DIR
 import os
 import re
 import subprocess
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from cli_helpers import assert_no_worker_left, lines_after_sigint, run_and_interrupt
+from repo_paths import REPO_DIR
 
 pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
 

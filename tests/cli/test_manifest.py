@@ -4,12 +4,12 @@ sane numbers; the engine adds its fields; 2 gloo ranks give one peak entry per r
 
 from __future__ import annotations
 
-from repo_paths import REPO_DIR
 import json
 
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend import manifest as mf
 from comfyui_h3.backend.engine import Engine
 from comfyui_h3.backend.pipelines.h3.family import h3_config

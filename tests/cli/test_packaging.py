@@ -2,11 +2,11 @@
 ships all of them with their data (templates, API workflows, sample inputs); the ComfyUI registry metadata and extras
 are there; the folders ComfyUI lists as templates hold only UI workflows with thumbnails."""
 
-from repo_paths import REPO_DIR
 import fnmatch
 import json
 import os
 import tomllib
+from repo_paths import REPO_DIR
 
 
 

@@ -1,7 +1,6 @@
 """StreamingVideoSaver with the writer in a child process (backend/media/encoder_process.py): same file as the
 in-process writer, audio, errors from the child, no clobbering, abort, and no encoder left behind by a dead parent."""
 
-from repo_paths import REPO_DIR
 import glob
 import os
 import signal
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.media import encoder_process
 from comfyui_h3.backend.media.encode import next_free_path
 from comfyui_h3.backend.media.stream_writer import StreamingVideoSaver

@@ -1,7 +1,6 @@
 """The engine's worker process: persistence, progress, Stop at a step boundary, errors that leave it usable, a dead
 worker replaced on next use, and ComfyUI's free-memory shutting it down."""
 
-from repo_paths import REPO_DIR
 import os
 import signal
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.engine import Engine, EngineCancelled, EngineError, get_engine, shutdown_all
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.geometry import RequestError

@@ -2,13 +2,12 @@
 worker as H3, on 1 and 2 gloo ranks, both engines resident at once; the registry evicts by memory budget, least
 recently used first; the engine/executor/worker code names no family."""
 
-from repo_paths import REPO
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from repo_paths import REPO
 from comfyui_h3.backend.engine import get_engine, resident_engines
 from comfyui_h3.backend.engine_config import EngineConfig
 from comfyui_h3.backend.errors import RequestError

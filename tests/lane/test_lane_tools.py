@@ -3,15 +3,14 @@ combination's report (.ci/lane_report.py), and what the lane's page-error filter
 
 from __future__ import annotations
 
-from repo_paths import REPO
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from comfyui_lane import TEMPLATES, frontend_model_lookup
+from repo_paths import REPO
 
 
 

@@ -3,7 +3,6 @@ whole decode, holding about one range in host memory; a SeedVR2 upscale from it 
 
 from __future__ import annotations
 
-import math
 import pickle
 
 import pytest
@@ -12,23 +11,13 @@ import torch
 from comfyui_h3.backend.media.decode import decode_planned_frames, plan_frames
 from comfyui_h3.backend.media.planned_frames import CHUNK_FRAMES, PlannedFrames
 from comfyui_h3.backend.media.save import write_mp4
-
-
-def _pattern(frames: int, h: int = 48, w: int = 64, cut: int | None = None) -> torch.Tensor:
-    y = torch.arange(h).view(1, h, 1).float()
-    x = torch.arange(w).view(1, 1, w).float()
-    t = torch.arange(frames).view(-1, 1, 1).float()
-    wave = 0.5 + 0.5 * torch.sin(2 * math.pi * (x / 29.0 + y / 17.0) + 0.2 * t)
-    rgb = torch.stack([wave, 0.6 * wave, 1 - wave], dim=-1)
-    if cut is not None:
-        rgb[cut:] = rgb[cut:].flip(-1) * torch.tensor([0.2, 0.9, 0.4])
-    return (rgb * 255).round().to(torch.uint8)
+from clip_patterns import pattern
 
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("clips") / "clip.mp4")
-    write_mp4(path, _pattern(61), 24)
+    write_mp4(path, pattern(61), 24)
     return path
 
 
@@ -48,45 +37,3 @@ def test_ranges_in_order_equal_the_whole_decode_and_hold_about_one_range(clip):
     assert len(pickle.dumps(frames)) < 20000 and torch.equal(copy[20:25], whole[20:25])
     with pytest.raises(TypeError, match="contiguous"):
         frames[::2]
-
-
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
-    from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
-
-    root = make_tiny_seedvr2(tmp_path_factory.mktemp("tiny") / "m", "3b")
-    config = seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
-                            dtype="float32", vae_dtype="float32")
-    return config.build_pipeline(0)
-
-
-@pytest.mark.slow
-def test_an_upscale_from_the_file_equals_one_from_the_decoded_frames(pipe, tmp_path):
-    from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
-
-    path = str(tmp_path / "cut.mp4")
-    write_mp4(path, _pattern(30, 32, 48, cut=17), 24)
-    plan = plan_frames(path)
-    decoded = decode_planned_frames(path, plan)
-    request = dict(scale=1.0, batch_frames=9, overlap=4, seed=1)
-    from_file = pipe.run(UpscaleRequest(PlannedFrames(path, plan), **request))
-    in_memory = pipe.run(UpscaleRequest(decoded, **request))
-    assert from_file.manifest["request"]["shapes"]["scene_cuts"] == [17]  # found in one pass over the file
-    assert from_file.batches == in_memory.batches and torch.equal(from_file.frames, in_memory.frames)
-
-
-def test_the_node_and_the_cli_read_the_file_per_batch(clip, tmp_path):
-    from comfyui_h3.cli import _parser
-    from comfyui_h3.cli_upscale import build_request
-    from comfyui_h3.video_file import H3FileVideo
-    from comfyui_h3.video_types import video_frame_source
-
-    args = _parser().parse_args(["upscale", "--video", clip, "--out", str(tmp_path / "o.mp4")])
-    request = build_request(args)
-    assert isinstance(request.frames, PlannedFrames) and request.num_frames == 61
-    request.validate()
-    video = H3FileVideo(clip)
-    frames = video_frame_source(video)[0]
-    assert isinstance(frames, PlannedFrames) and not video.decoded
-    assert isinstance(video_frame_source(video, from_file=False)[0], torch.Tensor)  # a Ray engine: decoded here

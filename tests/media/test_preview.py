@@ -5,11 +5,11 @@ ProgressBar as its preview image. The real ComfyUI lane: tests/lane/test_comfyui
 
 from __future__ import annotations
 
-from repo_paths import REPO_DIR
 import numpy as np
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
 from comfyui_h3.backend.pipelines.h3.layout import build_layout, patchify
 from comfyui_h3.backend.pipelines.h3.preview import (FIT_SIZE, LatentRGB, StepPreview, contact_sheet, fit_colours,

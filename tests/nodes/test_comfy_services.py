@@ -4,7 +4,6 @@ The package is loaded from its folder (a fresh copy per test, so module-level st
 ComfyUI modules are put into sys.modules with monkeypatch, which is exactly how the adapters find a running ComfyUI.
 """
 
-from repo_paths import REPO
 import functools
 import importlib.util
 import io
@@ -15,6 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 SERVICES_DIR = REPO / "comfyui_h3" / "comfy_services"
 COMFY_MODULES = ("comfy", "comfy.utils", "comfy.model_management", "comfy_execution", "comfy_execution.utils",

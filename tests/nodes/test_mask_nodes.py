@@ -2,7 +2,6 @@
 interpolation, grow / feather / invert, external-mask combine, the preview output, path safety, and agreement of the
 Python rasteriser with js/mask_logic.js (run under node) on a fixture state."""
 
-from repo_paths import REPO_DIR
 import json
 import os
 import shutil
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.media.mask_raster import (grow_feather_invert, parse_state, rasterize_state, render_state,
                                                   shapes_at)
 from comfyui_h3.nodes.mask_draw import H3MaskDraw

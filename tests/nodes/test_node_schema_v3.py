@@ -7,7 +7,6 @@ serves the V1 classes (COMFYUI_H3_NODE_API=v1) next to the default V3 one."""
 
 from __future__ import annotations
 
-from repo_paths import REPO
 import inspect
 import json
 import os
@@ -16,10 +15,10 @@ import sys
 import textwrap
 import types
 import uuid
-from pathlib import Path
 
 import pytest
 from comfyui_lane import COMFYUI_DIR, NO_COMFYUI, combo_choices
+from repo_paths import REPO
 
 
 

@@ -1,7 +1,6 @@
 """The pack as ComfyUI sees it: loaded by path as a package, node schemas (tooltips, IDs), queue-time validation,
 and the nodes run end to end (loader -> sample -> save) into an output folder without overwriting."""
 
-from repo_paths import REPO_DIR
 import json
 import os
 import subprocess
@@ -9,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+from repo_paths import REPO_DIR
 
 
 

@@ -4,15 +4,14 @@ mode and a new H3 sampling option each one declaration."""
 
 from __future__ import annotations
 
-from repo_paths import FIXTURES, REPO
 import argparse
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
+from repo_paths import FIXTURES, REPO
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.options import SEED, Option, OptionTable
 

@@ -1,7 +1,6 @@
 """The sample inputs the shipped workflows name: real, small files in the package, copied into an input folder (ComfyUI's
 when the pack loads) without ever replacing a file that is there."""
 
-from repo_paths import REPO_DIR
 import errno
 import json
 import logging
@@ -12,6 +11,7 @@ import textwrap
 
 import pytest
 
+from repo_paths import REPO_DIR
 from comfyui_h3.install_samples import SAMPLE_DIR, SAMPLE_FILES, install_sample_inputs
 
 

@@ -3,14 +3,13 @@ exactly the shipped UI workflows, in a newcomer's order, and the middleware Comf
 pack's entry of a real aiohttp /workflow_templates answer (glob order, as ComfyUI gives it) and nothing else. The same
 in the browser of a real ComfyUI: tests/lane/test_comfyui_hardening_ui.py."""
 
-from repo_paths import REPO
 import asyncio
 import random
-from pathlib import Path
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from repo_paths import REPO
 from comfyui_h3 import routes
 from comfyui_h3.native_workflows import NATIVE_WORKFLOWS
 from comfyui_h3.templates import CARDS, ordered

@@ -2,7 +2,6 @@
 tests check what reaches transformers' processors and models, which frames are tracked in which direction, and what
 the node returns), plus the model cache (the prompts parser, model folders and device choice: test_track_inputs.py)."""
 
-from repo_paths import REPO_DIR
 import json
 import sys
 import types
@@ -10,6 +9,7 @@ import types
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3 import comfy_services as services
 from comfyui_h3.backend.media.mask_raster import combine_masks, fit_mask, grow_feather_invert
 from comfyui_h3.backend.media.track_prompts import MAX_OBJECTS

@@ -5,13 +5,13 @@ so equality here is bitwise; the GPU overlap is bench/block_offload.py's job."""
 
 from __future__ import annotations
 
-from repo_paths import REPO
 import copy
 
 import pytest
 import torch
 from torch import nn
 
+from repo_paths import REPO
 from comfyui_h3.backend.models import block_offload
 from comfyui_h3.backend.models.block_offload import BlockStreamer, ModuleHome
 from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig
@@ -449,7 +449,6 @@ def test_bench_script_runs_tiny_on_the_cpu():
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     script = REPO / "bench" / "block_offload.py"
     done = subprocess.run([sys.executable, str(script), "--tiny", "--no-compile"], capture_output=True, text=True,

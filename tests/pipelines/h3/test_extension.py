@@ -4,7 +4,6 @@ and the invariants on the tiny model: frame / audio counts add up, the output is
 latents, guide rows are untouched by sampling, overlaps are discarded, same seed -> same result, locked audio, Stop
 keeps the finished windows, and memory does not grow with the number of windows."""
 
-from repo_paths import REPO_DIR
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.pipelines.h3.extension_layout import build_window_layout, latent_first_frames
 from comfyui_h3.backend.pipelines.h3.extension_plan import (Window, added_frames_for, audio_index, plan_windows)
 from comfyui_h3.backend.pipelines.h3.geometry import AUDIO_TAG, VIDEO_TAG, RequestError, resolve_geometry

@@ -5,7 +5,6 @@ Triton's interpreter, the tiny model's per-forward error against bf16 (recorded,
 to the eager one, the policy through the family's loader, and the refusals (CPU, GPUs without FP8, non-bf16 compute)
 in the config, the worker, the loader node and the CLI. The _scaled_mm path itself: tests/pipelines/h3/test_fp8_cuda.py."""
 
-from repo_paths import REPO_DIR
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import sys
 import pytest
 import torch
 
+from repo_paths import REPO_DIR
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.models import fp8_linear as f8
 from comfyui_h3.backend.models.fp8_linear import FP8, FP8_MAX, Fp8Linear

@@ -9,7 +9,6 @@ same latents given as H3_LATENTS."""
 
 from __future__ import annotations
 
-from repo_paths import FIXTURES
 import json
 import re
 import sys
@@ -21,6 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.models.checkpoint import CheckpointError
 from native_comfy import FakeNestedTensor, nested_tensor_comfy
 

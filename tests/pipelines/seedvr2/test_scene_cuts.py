@@ -8,9 +8,7 @@ import math
 import pytest
 import torch
 
-from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
 from comfyui_h3.backend.pipelines.seedvr2.batches import blend_weights, plan_batches, plan_shots
-from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
 from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
 from comfyui_h3.backend.pipelines.seedvr2.scene_cuts import find_cuts, shots
 
@@ -59,15 +57,6 @@ def test_a_plan_over_shots_never_crosses_a_cut():
                 if s <= f < e:
                     assert w[f - s] == 1.0
     assert all(e - s <= 17 for s, e in plan.spans)
-
-
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    root = make_tiny_seedvr2(tmp_path_factory.mktemp("tiny") / "m", "3b")
-    config = seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
-                            dtype="float32", vae_dtype="float32")
-    config.validate()
-    return config.build_pipeline(0)
 
 
 @pytest.mark.slow

@@ -2,16 +2,15 @@
 outputs on tiny configs, the released key sets and parameter counts, one attention call per window-shape group, and
 the routing protocol with a non-canonical row order."""
 
-from repo_paths import FIXTURES, REPO
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from repo_paths import FIXTURES, REPO
 from comfyui_h3.backend.attention.registry import get_backend
 from comfyui_h3.backend.models.seedvr2 import rope as R
 from comfyui_h3.backend.models.seedvr2 import windows as W

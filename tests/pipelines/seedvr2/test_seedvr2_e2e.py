@@ -6,15 +6,14 @@ bound: fp32 relative error <= 1e-4 before and after the colour fix; uint8 frames
 
 from __future__ import annotations
 
-from repo_paths import FIXTURES, REPO
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from repo_paths import FIXTURES, REPO
 from comfyui_h3.backend.models.seedvr2.dit import SeedVR2DiT
 from comfyui_h3.backend.models.seedvr2.dit_config import DiTConfig
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig

@@ -9,19 +9,8 @@ import pytest
 import torch
 
 from comfyui_h3.backend.errors import Cancelled, RequestError
-from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
 from comfyui_h3.backend.pipelines.seedvr2 import memory
-from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
 from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
-
-
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    root = make_tiny_seedvr2(tmp_path_factory.mktemp("tiny") / "m", "3b")
-    config = seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
-                            dtype="float32", vae_dtype="float32")
-    config.validate()
-    return config.build_pipeline(0)
 
 
 def _video(frames=9, h=24, w=40, seed=0):

@@ -1,13 +1,12 @@
 """SeedVR2 window RoPE vs the official modules (fixture made by tools/make_seedvr2_rope_goldens.py)."""
 
-from repo_paths import FIXTURES
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.models.seedvr2 import rope as R
 
 FIXTURE_PATH = FIXTURES / "seedvr2_rope.safetensors"

@@ -3,15 +3,14 @@ key list and parameter count, tiny-model encode/decode goldens (fp32 rel <= 1e-5
 whole pass, the memory pieces (row bands, group chunks, query chunks, depth-to-space bands) equal to whole ops, and
 a channels_last_3d pass equal to the goldens."""
 
-from repo_paths import FIXTURES
 import json
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops
 from comfyui_h3.backend.models.seedvr2.vae import (
     LATENT_SCALE,

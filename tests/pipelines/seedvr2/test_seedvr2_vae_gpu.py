@@ -3,13 +3,11 @@ convs) against the official goldens in float32 and, at the released widths in bf
 as the NCDHW torch path it replaces. The same logic runs on the CPU in test_seedvr2_vae.py (the channels-last pass)
 and test_seedvr2_vae_kernels.py (the kernels, interpreted)."""
 
-from repo_paths import FIXTURES
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors import safe_open
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
 

@@ -6,7 +6,6 @@ each: the interpreter runs ~100 programs a second), the attention's row softmax 
 and the channels-last row copies. Each runs in a subprocess (TRITON_INTERPRET must be set before triton is
 imported); tests/pipelines/seedvr2/test_seedvr2_vae_gpu.py runs the compiled kernels."""
 
-from repo_paths import REPO_DIR
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 import pytest
 
 from triton_interpreter import require_interpreter
+from repo_paths import REPO_DIR
 
 pytestmark = pytest.mark.slow  # every test here takes seconds on two cores (docs/TESTING.md)
 

@@ -4,13 +4,11 @@ tile equal to the plain pass bit for bit, the stated tolerance of tiled vs whole
 
 from __future__ import annotations
 
-from repo_paths import FIXTURES, REPO
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from repo_paths import FIXTURES, REPO
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.models.seedvr2 import vae_tiling as vt
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
@@ -207,17 +205,6 @@ def test_memory_counts_the_tile_and_the_refusal_names_it():
     with pytest.raises(RequestError, match=f"largest batch that fits is {best} frames.*fits a batch of 241 frames "
                                            "is vae_tile"):
         memory.check_fits(config, 241, 241, *args, 80 * 1024**3)
-
-
-@pytest.fixture(scope="module")
-def pipe(tmp_path_factory):
-    from comfyui_h3.backend.models.seedvr2.tiny import DIT_FILE, TEXT_FILE, VAE_FILE, make_tiny_seedvr2
-    from comfyui_h3.backend.pipelines.seedvr2.family import seedvr2_config
-
-    root = make_tiny_seedvr2(tmp_path_factory.mktemp("tiny") / "m", "3b")
-    config = seedvr2_config(root / DIT_FILE.format(variant="3b"), root / VAE_FILE, root / TEXT_FILE,
-                            dtype="float32", vae_dtype="float32")
-    return config.build_pipeline(0)
 
 
 @pytest.mark.slow

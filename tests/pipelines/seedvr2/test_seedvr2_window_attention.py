@@ -1,14 +1,13 @@
 """SeedVR2 joint window attention vs the official code (fixture made by
 tools/make_seedvr2_window_attention_goldens.py) and vs a slow per-window reference."""
 
-from repo_paths import FIXTURES
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.attention.registry import get_backend
 from comfyui_h3.backend.models.seedvr2 import windows as W
 from comfyui_h3.backend.models.seedvr2.window_attention import window_attention

@@ -1,13 +1,12 @@
 """SeedVR2 window geometry vs the official code (fixture made by tools/make_seedvr2_window_goldens.py)."""
 
-from repo_paths import FIXTURES
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from repo_paths import FIXTURES
 from comfyui_h3.backend.models.seedvr2 import windows as W
 
 FIXTURE = json.loads((FIXTURES / "seedvr2_windows.json").read_text())

@@ -9,13 +9,13 @@ window SP for the DiT) gives the one-rank frames up to a rounding step. NCCL twi
 
 from __future__ import annotations
 
-from repo_paths import REPO
 import os
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from repo_paths import REPO
 from comfyui_h3.backend.executor.mp_executor import _free_port
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig, time_slices
 from comfyui_h3.backend.parallel import seedvr2_vae_shard as vae_shard
@@ -270,7 +270,6 @@ def test_bench_sp_pipeline_runs_tiny_on_cpu_ranks():
     import json
     import subprocess
     import sys
-    from pathlib import Path
 
     script = REPO / "bench" / "seedvr2.py"
     done = subprocess.run([sys.executable, str(script), "sp", "--pipeline", "--tiny", "--world", "2", "--frames", "21",
