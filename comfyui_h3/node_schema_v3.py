@@ -60,6 +60,7 @@ def v3_node(io, node_id: str, display_name: str, node_class: type) -> type:
     returns = tuple(node_class.RETURN_TYPES)
     names = tuple(getattr(node_class, "RETURN_NAMES", None) or returns)
     tips = tuple(getattr(node_class, "OUTPUT_TOOLTIPS", None) or (None,) * len(returns))
+    hidden = _hidden(io, node_class.INPUT_TYPES().get("hidden") or {})  # fixed per class: read once, not per run
 
     def define_schema(cls):
         declared = node_class.INPUT_TYPES()  # per call: model and file lists follow the folders, as V1 does
@@ -69,11 +70,10 @@ def v3_node(io, node_id: str, display_name: str, node_class: type) -> type:
                    for index, (kind, name, tip) in enumerate(zip(returns, names, tips))]
         return io.Schema(node_id=node_id, display_name=display_name, category=node_class.CATEGORY,
                          description=getattr(node_class, "DESCRIPTION", ""), inputs=inputs, outputs=outputs,
-                         hidden=list(_hidden(io, declared.get("hidden") or {}).values()),
+                         hidden=list(hidden.values()),
                          is_output_node=bool(getattr(node_class, "OUTPUT_NODE", False)))
 
     def execute(cls, **inputs):
-        hidden = _hidden(io, node_class.INPUT_TYPES().get("hidden") or {})
         given = {name: getattr(cls.hidden, which.name) for name, which in hidden.items()}
         # a tuple, or {"ui": ..., "result": ...}: ComfyUI normalises both into its NodeOutput
         return getattr(node_class(), function)(**inputs, **given)
