@@ -39,7 +39,10 @@ def new_manifest() -> dict:
         "engine": {"family": None, "devices": [], "sp_degree": None, "attention": None, "compute_dtype": None,
                    "vae_dtype": None,  # as the VAE ran, where a family reports it (SeedVR2: float32 on a CPU
                    # without native bf16 when bf16 was asked for)
-                   "weights": {}, "executor": None, "load_s": None},
+                   "weights": {},  # the weight policy: storage, placement, resident_blocks (None: auto or all)
+                   "placement": None,  # the offload placement's last plan and weight moves, where a family
+                   # reports them (SeedVR2: resident / streamed DiT blocks, VAE moves); None: resident
+                   "executor": None, "load_s": None},
         "stages": {key: ([] if key == "denoise_steps_s" else None) for key in STAGE_KEYS},
         "extra_stages": {},  # a family's own stage seconds (SeedVR2: prepare / encode / dit / decode / colour fix)
         "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (this request's; None on CPU),

@@ -246,3 +246,32 @@ class OptionTable:
 
 # Options every family shares
 SEED = Option("seed", "int", 0, "Same seed and settings -> the same result.", minimum=0, maximum=2**64 - 1)
+
+
+def parse_resident_blocks(value) -> tuple[str, int | None]:
+    """A resident_blocks option -> (WeightPolicy.placement, WeightPolicy.resident_blocks): 'all' -> resident;
+    'auto' -> offload, None; a whole number n >= 0 -> offload, n."""
+    text = str(value).strip().lower()
+    if text in ("", "all"):
+        return "resident", None
+    if text == "auto":
+        return "offload", None
+    if text.isdigit():
+        return "offload", int(text)
+    raise ValueError(f"resident_blocks must be 'all', 'auto' or a number of blocks >= 0, got {value!r}.")
+
+
+def resident_blocks_rule(value) -> str | None:
+    try:
+        parse_resident_blocks(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def resident_blocks_option(max_blocks: int, tooltip: str, help: str) -> Option:
+    """A family's resident_blocks engine option (the WeightPolicy's placement and resident blocks): the node offers
+    all, auto and 0..max_blocks (the largest released model's blocks); the CLI takes any whole number."""
+    choices = ("all", "auto") + tuple(str(n) for n in range(max_blocks + 1))
+    return Option("resident_blocks", "string", "all", tooltip, choices=choices, rule=resident_blocks_rule,
+                  stage="engine", help=help)

@@ -28,18 +28,24 @@ PLACEMENTS = ("resident", "offload")
 
 @dataclass(frozen=True)
 class WeightPolicy:
-    """The capabilities families share: how weights are stored and where they live. A family with policies of its
-    own (H3's: pipelines/h3/weights.py) extends this class; which values a family
-    can apply is its own check."""
+    """The capabilities families share: how weights are stored, where they live and, when the main model's blocks
+    stream, how many stay on the device. A family with policies of its own (H3's: pipelines/h3/weights.py) extends
+    this class; which values a family can apply is its own check."""
 
     storage: str = "compute"
     placement: str = "resident"
+    resident_blocks: int | None = None  # placement "offload": main-model blocks kept on the device; None = auto
 
     def validate(self) -> None:
         if self.storage not in STORAGES:
             raise ValueError(f"weight storage must be one of {STORAGES}, got {self.storage!r}.")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"weight placement must be one of {PLACEMENTS}, got {self.placement!r}.")
+        if self.resident_blocks is not None and (self.placement != "offload" or isinstance(self.resident_blocks, bool)
+                                                 or not isinstance(self.resident_blocks, int)
+                                                 or self.resident_blocks < 0):
+            raise ValueError(f"resident_blocks is a number >= 0 with placement 'offload' (None: auto), got "
+                             f"{self.resident_blocks!r} with placement {self.placement!r}.")
 
 
 @dataclass

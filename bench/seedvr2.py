@@ -205,7 +205,7 @@ def stage_pipeline(args) -> None:
     t0 = time.perf_counter()
     req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True,
                          vae_tile=args.vae_tile)
-    geometry, plan = pipe.plan(req)
+    geometry, plan, _ = pipe.plan(req)
     res = pipe.run(req)
     wall = time.perf_counter() - t0
     emit(args, {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],

@@ -225,6 +225,11 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])
     u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")
+    seedvr2_options.ENGINE["resident_blocks"].add_flag(u, checked=True, metavar="all|auto|N")
+    u.add_argument("--fp8", action="store_true",  # the weights option's fp8 (bf16 without the flag)
+                   help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; an fp8 file's as they "
+                        "are) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "
+                        "(compute capability 8.9+: RTX 40xx, L4/L40, H100/H200 or newer) and bfloat16.")
     u.add_argument("--crf", type=int, default=18, help="H.264 quality of the output (lower is better).")
     add_manifest_option(u)
     u.add_argument("--out", required=True, help="Output MP4 (never overwritten).")

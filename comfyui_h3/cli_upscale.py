@@ -50,13 +50,15 @@ def build_request(args):
 
 def engine_config(args, files):
     """The SeedVR2 engine config of the command's model options; `files()` -> (DiT, VAE, text embedding) paths."""
-    from .backend.pipelines.seedvr2.family import seedvr2_config
+    from .backend.pipelines.seedvr2.family import seedvr2_engine_config
 
     dit, vae, text = files()
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    config = seedvr2_config(dit, vae, text, variant=args.variant, dtype=dtype,
-                            vae_dtype="float32" if dtype == "float32" else "bfloat16", device=args.device,
-                            world_size=args.sp_degree, attention=args.attention)
+    config = seedvr2_engine_config(dit, vae, text, variant=args.variant, dtype=dtype,
+                                   vae_dtype="float32" if dtype == "float32" else "bfloat16", device=args.device,
+                                   world_size=args.sp_degree, attention=args.attention,
+                                   weights="fp8" if getattr(args, "fp8", False) else "bf16",
+                                   resident_blocks=getattr(args, "resident_blocks", "all"))
     config.validate()  # the file's variant, the VAE, the devices: before any process starts
     return config
 

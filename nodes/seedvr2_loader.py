@@ -8,7 +8,8 @@ import os
 from .. import comfy_services as services
 from ..backend.attention.registry import dense_names as attention_backends, descriptions as attention_descriptions
 from ..backend.engine_config import DTYPES
-from ..backend.pipelines.seedvr2.family import DIT_VARIANTS, seedvr2_config
+from ..backend.pipelines.seedvr2.family import DIT_VARIANTS, seedvr2_engine_config
+from ..backend.pipelines.seedvr2.options import ENGINE
 from ..tiny_model import TINY_SEEDVR2_NAME, ensure_tiny_seedvr2
 from ..types import H3EngineHandle
 from .loader import resolve_devices
@@ -59,7 +60,9 @@ class H3SeedVR2Loader:
                     "tooltip": "Window-parallel ranks: one worker per GPU, each holding the model and a share of "
                                "the attention windows (any count works). On the CPU, N processes (for testing)."}),
                 **GPUS_INPUT,
-            }
+            },
+            # Optional and appended: saved workflows keep their widget order.
+            "optional": ENGINE.node_inputs("optional"),
         }
 
     @classmethod
@@ -69,14 +72,16 @@ class H3SeedVR2Loader:
         # file's header (config.validate), before any process starts or any weight is read.
         return check_device(device)
 
-    def load(self, model, vae, variant, device, dtype, attention, sp_degree=1, gpus=""):
+    def load(self, model, vae, variant, device, dtype, attention, sp_degree=1, gpus="", weights="bf16",
+             resident_blocks="all"):
         dit_path, vae_path, text_path = resolve_seedvr2_files(model, vae)
         if device == "auto":
             device = "cuda" if cuda_available() else "cpu"
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
-        config = seedvr2_config(dit_path, vae_path, text_path, variant=variant, dtype=dtype,
-                                vae_dtype="float32" if dtype == "float32" else "bfloat16", device=device,
-                                attention=attention, world_size=sp_degree)
+        config = seedvr2_engine_config(dit_path, vae_path, text_path, variant=variant, dtype=dtype,
+                                       vae_dtype="float32" if dtype == "float32" else "bfloat16", device=device,
+                                       attention=attention, world_size=sp_degree, weights=weights,
+                                       resident_blocks=resident_blocks)
         config.validate()  # the file's variant, the VAE's keys, devices: before anything starts
         return (H3EngineHandle(config),)
 

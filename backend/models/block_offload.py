@@ -331,6 +331,16 @@ class BlockStreamer:
         self._hooks.clear()
 
 
+def resident_blocks_for(streamer: BlockStreamer, available: int, activation: int) -> int:
+    """The most blocks that can stay resident with `available` device bytes (the streamer's own included) beside
+    `activation` bytes; 0 when even full streaming does not fit (the forward then runs as far as memory allows)."""
+    best = 0
+    for k in range(len(streamer.blocks) + 1):
+        if streamer.device_bytes_for(k) + activation <= available:
+            best = k
+    return best
+
+
 def stream_blocks(blocks: Sequence[nn.Module], streamer: BlockStreamer | None):
     """`blocks` as they are, or through `streamer` (weights moved in around each one)."""
     return blocks if streamer is None else streamer.run()

@@ -1,4 +1,4 @@
-"""FP8 GEMMs for the H3 DiT blocks (WeightPolicy storage "fp8"; "fp8_emulated" for tests and CI).
+"""FP8 GEMMs for the DiT blocks of H3 and SeedVR2 (WeightPolicy storage "fp8"; "fp8_emulated" for tests and CI).
 
 The contract, stated once (fp8_kernels.py follows it on the GPU; the torch reference here is its definition):
 - Weights: float8_e4m3fn [N, K] with one fp32 scale per output channel, w[n] ~= q[n] * scale[n], scale = amax / 448.
@@ -208,47 +208,64 @@ def quantise_rows(x: torch.Tensor, kernels: bool) -> Fp8Rows:
 # ---- the matmul and the layer ----------------------------------------------------------------------------------
 
 def fp8_matmul(a: Fp8Rows, weight: torch.Tensor, weight_scale: torch.Tensor, emulate: bool,
-               fast_accum: bool = FAST_ACCUM) -> torch.Tensor:
-    """a [..., K] rows x weight [N, K] (per-channel scales [N]) -> [..., N] bfloat16."""
+               fast_accum: bool = FAST_ACCUM, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """a [..., K] rows x weight [N, K] (per-channel scales [N]) -> [..., N] bfloat16, plus `bias` [N] (bfloat16)
+    added to that bfloat16 result, as a bf16 Linear adds its bias (the same two roundings in both modes)."""
     k = a.data.shape[-1]
     lead = a.data.shape[:-1]
     qa = a.data.reshape(-1, k)
     sa = a.scale.reshape(-1, 1).float()
     if emulate:  # fp8 x fp8 products are exact in fp32; summed in fp32, then scaled, as the tensor cores do
-        out = (qa.float() @ weight.float().t()) * sa * weight_scale.float().unsqueeze(0)
-        return out.to(OUT_DTYPE).view(*lead, weight.shape[0])
-    out = torch._scaled_mm(qa.contiguous(), weight.t(), scale_a=sa.contiguous(),
-                           scale_b=weight_scale.view(1, -1), out_dtype=OUT_DTYPE, use_fast_accum=fast_accum)
-    if isinstance(out, tuple):  # torch < 2.5 returned (out, amax)
-        out = out[0]
+        out = ((qa.float() @ weight.float().t()) * sa * weight_scale.float().unsqueeze(0)).to(OUT_DTYPE)
+    else:
+        out = torch._scaled_mm(qa.contiguous(), weight.t(), scale_a=sa.contiguous(),
+                               scale_b=weight_scale.view(1, -1), out_dtype=OUT_DTYPE, use_fast_accum=fast_accum)
+        if isinstance(out, tuple):  # torch < 2.5 returned (out, amax)
+            out = out[0]
+    if bias is not None:
+        out = out + bias.to(OUT_DTYPE)
     return out.view(*lead, weight.shape[0])
 
 
 class Fp8Linear(nn.Module):
-    """A bias-free Linear with float8_e4m3fn weights and per-output-channel scales. Takes Fp8Rows made by the
-    producer (norm_modulate_rows, swiglu_rows) or a tensor, which it quantises per row itself. Returns bfloat16."""
+    """A Linear with float8_e4m3fn weights and per-output-channel scales, and an optional bias (kept in bfloat16,
+    added to the bfloat16 product). Takes Fp8Rows made by the producer (norm_modulate_rows, swiglu_rows) or
+    a tensor, which it quantises per row itself. Returns bfloat16."""
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, emulate: bool):
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, emulate: bool,
+                 bias: torch.Tensor | None = None):
         super().__init__()
         if weight.dtype != FP8 or weight.dim() != 2 or weight_scale.shape != weight.shape[:1]:
             raise ValueError(f"Fp8Linear takes float8_e4m3fn [N, K] weights with [N] scales, got {weight.dtype} "
                              f"{tuple(weight.shape)} and {tuple(weight_scale.shape)}.")
+        if bias is not None and tuple(bias.shape) != tuple(weight.shape[:1]):
+            raise ValueError(f"Fp8Linear's bias must be [{weight.shape[0]}], got {tuple(bias.shape)}.")
         self.out_features, self.in_features = weight.shape
         self.emulate = emulate
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale.float())
+        self.register_buffer("bias", None if bias is None else bias.to(OUT_DTYPE))
 
     @classmethod
-    def from_weight(cls, weight: torch.Tensor, emulate: bool) -> "Fp8Linear":
+    def from_weight(cls, weight: torch.Tensor, emulate: bool, bias: torch.Tensor | None = None) -> "Fp8Linear":
+        """Quantised from a stored weight: a float8_e4m3fn one as it is (scale 1: a release cast to fp8 without
+        scales), any other by its channels' amax."""
         if not emulate:
             check_gemm_shape(weight.shape)
-        return cls(*quantise_weight(weight.detach()), emulate)
+        weight = weight.detach()
+        if weight.dtype == FP8:
+            return cls(weight, torch.ones(weight.shape[0], device=weight.device), emulate, bias)
+        return cls(*quantise_weight(weight), emulate, bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, emulate: bool) -> "Fp8Linear":
+        return cls.from_weight(linear.weight, emulate, None if linear.bias is None else linear.bias.detach())
 
     def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
         if self.weight.dtype != FP8:  # e.g. a later module.to(dtype) cast the codes without their scales
             raise RuntimeError(f"Fp8Linear weight was cast to {self.weight.dtype}; FP8 layers must not be cast.")
         rows = x if isinstance(x, Fp8Rows) else quantise_rows(x, kernels=not self.emulate)
-        return fp8_matmul(rows, self.weight, self.weight_scale, self.emulate)
+        return fp8_matmul(rows, self.weight, self.weight_scale, self.emulate, bias=self.bias)
 
     def extra_repr(self) -> str:
         mode = "emulated" if self.emulate else "scaled_mm"
@@ -283,6 +300,23 @@ def fp8_unsupported(device: str | torch.device) -> str | None:
         return (f"FP8 weights need compute capability 8.9 or newer (RTX 40xx, L4/L40, H100/H200 and later); "
                 f"cuda:{index} ({name}) is {capability[0]}.{capability[1]}. Choose bf16 weights.")
     return None
+
+
+def check_fp8_config(config) -> None:
+    """An engine config's FP8 storage, before a worker starts: bfloat16 compute (row-wise _scaled_mm's output) and
+    GPUs with FP8 tensor cores (a Ray cluster's GPUs are checked by each worker, before its weights load). ValueError
+    naming what to change; nothing for the other storages."""
+    storage = config.weights.storage
+    if storage not in ("fp8", "fp8_emulated"):
+        return
+    if storage == "fp8" and (config.executor != "ray" or config.device == "cpu"):
+        for device in config.devices():
+            reason = fp8_unsupported(device)
+            if reason:
+                raise ValueError(reason)
+    if config.compute_dtype != "bfloat16":
+        raise ValueError(f"FP8 weights run with bfloat16 compute; the dtype is {config.compute_dtype}. Choose "
+                         "dtype bfloat16, or bf16 weights.")
 
 
 def check_scaled_mm(device: str | torch.device) -> None:

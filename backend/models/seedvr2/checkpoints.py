@@ -14,6 +14,7 @@ Release layout (one folder, ComfyUI's `models/SEEDVR2/` by the popular pack's co
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
@@ -87,9 +88,16 @@ def _floating(key: str, stored: torch.dtype, compute: torch.dtype) -> torch.dtyp
     return compute if stored.is_floating_point else stored
 
 
-def load_dit(path: str | os.PathLike, device: torch.device | str, dtype: torch.dtype, expect: str = "auto"):
+# A block's GEMM weight (attention qkv / out, MLP; any stream): what FP8 storage holds as float8 e4m3.
+GEMM_WEIGHT = re.compile(r"^blocks\.\d+\.(attn\.proj_qkv|attn\.proj_out|mlp)\..*weight$")
+
+
+def load_dit(path: str | os.PathLike, device: torch.device | str, dtype: torch.dtype, expect: str = "auto",
+             keep_fp8: bool = False):
     """The DiT of a release file, strictly (every key, every shape), on `device` in `dtype`. `expect`: '3b'/'7b'
-    refuses the other variant with a message naming both; 'auto' takes what the file holds."""
+    refuses the other variant with a message naming both; 'auto' takes what the file holds. `keep_fp8`: the
+    blocks' GEMM weights a file stores as float8 e4m3 stay so (FP8 storage takes them with scale 1, dit.py's
+    use_fp8_gemms) instead of being cast to `dtype`."""
     from .dit import SeedVR2DiT, StoredRopeError
 
     shapes = header_shapes(path)
@@ -100,7 +108,11 @@ def load_dit(path: str | os.PathLike, device: torch.device | str, dtype: torch.d
     with torch.device("meta"):
         model = SeedVR2DiT(config)
     # RoPE buffers stay as stored: the model checks them at their own precision and keeps float32 (dit.py).
-    keep = lambda k, d: d if k.endswith(".rope.rope.freqs") else _floating(k, d, dtype)  # noqa: E731
+    def keep(key: str, stored: torch.dtype) -> torch.dtype:
+        if key.endswith(".rope.rope.freqs") or (keep_fp8 and stored == torch.float8_e4m3fn and GEMM_WEIGHT.match(key)):
+            return stored
+        return _floating(key, stored, dtype)
+
     try:
         load_into(model, path, device="cpu", dtype_for=keep)
     except StoredRopeError as e:

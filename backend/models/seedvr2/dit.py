@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..fp8_linear import Fp8Linear
 from . import rope as R
 from .dit_config import DiTConfig
 from .routing import LayerRows, LocalRouting, WindowRouting
@@ -231,6 +232,21 @@ class _Block(nn.Module):
         self.mlp = _Streams(lambda: mlp_cls(cfg.dim, cfg.mlp_hidden), shared, vid_only)
         self.ada = _Streams(lambda: _Ada(cfg.dim), shared, vid_only)
         self.text_modulated = not vid_only
+        self.fp8: str | None = None  # None: the GEMM weights as loaded; "emulated" / "scaled_mm": FP8 (below)
+
+    def use_fp8_gemms(self, emulate: bool) -> None:
+        """Hold the block's GEMM weights (attention qkv and out, the MLP; every stream) in float8 e4m3 with
+        per-channel scales (fp8_linear.py; a weight loaded as e4m3, a release's fp8 file, is taken as it is with
+        scale 1). Biases stay bfloat16, norms and the AdaSingle vectors as loaded; each GEMM quantises its input
+        per row."""
+        if self.fp8 is not None:
+            return
+        for part in (self.attn.proj_qkv, self.attn.proj_out, self.mlp):
+            for parent in list(part.modules()):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, nn.Linear):
+                        setattr(parent, name, Fp8Linear.from_linear(child, emulate))
+        self.fp8 = "emulated" if emulate else "scaled_mm"
 
 
 # ---- the model ------------------------------------------------------------------------------------------------------
@@ -249,6 +265,9 @@ class SeedVR2DiT(nn.Module):
             self.vid_out_norm = _NormWeight(cfg.dim)
             self.vid_out_ada = _Ada(cfg.dim, layers=("out",), gates=False)
         self.vid_out = _PatchProj(cfg.dim, cfg.patch_out_dim)
+        # Placement "offload": the BlockStreamer that brings each block's weights in around its run
+        # (pipelines/seedvr2/placement.py); None: every weight where it is.
+        self.block_offload = None
 
     # -- patching ---------------------------------------------------------------------------------------------------
 
@@ -396,10 +415,18 @@ class SeedVR2DiT(nn.Module):
         del tokens
         t = self.txt_in(txt.to(dtype))
         e = self.emb_in(timestep, dtype, vid.device).view(cfg.dim, 2, 3)
+        streamer = self.block_offload
         for i in range(cfg.layers):
             if check is not None:
                 check()
-            t = self._block(i, x, t, e, routing.rows(i), routing, attention, plan, txt.shape[0])
+            if streamer is None:
+                t = self._block(i, x, t, e, routing.rows(i), routing, attention, plan, txt.shape[0])
+            else:
+                streamer.acquire(i)
+                try:
+                    t = self._block(i, x, t, e, routing.rows(i), routing, attention, plan, txt.shape[0])
+                finally:
+                    streamer.release(i)
             if i < cfg.layers - 1:
                 x = routing.advance(x, i)
         out = routing.finish(self._head(x, e))

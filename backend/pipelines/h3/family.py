@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...engine_config import DTYPES, EngineConfig
-from .options import ENGINE, WEIGHT_FORMATS, engine_attention, parse_resident_blocks
+from ...options import parse_resident_blocks
+from .options import ENGINE, WEIGHT_FORMATS, engine_attention
 from .weights import H3WeightPolicy
 
 
@@ -78,7 +79,9 @@ class H3Family:
             raise FileNotFoundError(f"MiniMax-H3 model folder not found: {o.model_dir}")
         self._check_files(o)
         self._check_heads_split(o.model_dir, config.world_size, dict(o.files))
-        self._check_fp8(config)
+        from ...models.fp8_linear import check_fp8_config
+
+        check_fp8_config(config)
         if o.student:
             self._check_student(config)
 
@@ -118,24 +121,6 @@ class H3Family:
             raise ValueError(f"{adapter.path} carries learned VSA gates (FastH3's VSA variant): choose attention vsa "
                              f"(got {config.attention}); vsa with a topk of every tile (e.g. 100000) is dense "
                              "attention plus the gates.")
-
-    @staticmethod
-    def _check_fp8(config: EngineConfig) -> None:
-        """FP8 storage: bfloat16 compute (row-wise _scaled_mm's output) and GPUs with FP8 tensor cores, refused here
-        before a worker starts (a Ray cluster's GPUs are checked by each worker, before its weights load)."""
-        storage = config.weights.storage
-        if storage not in ("fp8", "fp8_emulated"):
-            return
-        if storage == "fp8" and (config.executor != "ray" or config.device == "cpu"):
-            from ...models.fp8_linear import fp8_unsupported
-
-            for device in config.devices():
-                reason = fp8_unsupported(device)
-                if reason:
-                    raise ValueError(reason)
-        if config.compute_dtype != "bfloat16":
-            raise ValueError(f"FP8 weights run with bfloat16 compute; the dtype is {config.compute_dtype}. Choose "
-                             "dtype bfloat16, or bf16 weights.")
 
     @staticmethod
     def _check_heads_split(model_dir: str, degree: int, files: dict | None = None) -> None:

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ...models.block_offload import BlockStreamer, ModuleHome, on_call
+from ...models.block_offload import BlockStreamer, ModuleHome, on_call, resident_blocks_for
 
 GIB = 1 << 30
 DIT_BYTES_PER_ROW = 176 << 10
@@ -41,16 +41,6 @@ TEXT_LAYERS = "model.language_model.layers"  # Qwen3-VL's decoder layers, stream
 def dit_activation_bytes(local_rows: int, total_rows: int) -> int:
     """Estimated device bytes one DiT forward needs beyond its weights (module docstring)."""
     return local_rows * DIT_BYTES_PER_ROW + max(total_rows - local_rows, 0) * DIT_BYTES_PER_OTHER_ROW + DIT_RESERVE
-
-
-def resident_blocks_for(streamer: BlockStreamer, available: int, activation: int) -> int:
-    """The most blocks that can stay resident with `available` device bytes (the streamer's own included) beside
-    `activation` bytes; 0 when even full streaming does not fit (the forward then runs as far as memory allows)."""
-    best = 0
-    for k in range(len(streamer.blocks) + 1):
-        if streamer.device_bytes_for(k) + activation <= available:
-            best = k
-    return best
 
 
 def attach_block_offload(dit: nn.Module, device: torch.device | str, storage: str = "compute",

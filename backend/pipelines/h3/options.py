@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from ...attention.registry import AttentionSpec, available as attention_backends
 from ...engine_config import DTYPES
-from ...options import SEED, Option, OptionTable
+from ...options import SEED, Option, OptionTable, resident_blocks_option
 
 MAX_STEPS = 1000  # the one bound on denoising steps: the nodes' widgets, generate / edit / extend and demo --steps
 WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' option -> WeightPolicy.storage
 RELEASE_BLOCKS = 50  # the released DiT's blocks: the resident_blocks choices go up to it
-RESIDENT_BLOCKS_CHOICES = ("all", "auto") + tuple(str(n) for n in range(RELEASE_BLOCKS + 1))
 RESIDENT_BLOCKS_HELP = ("DiT blocks kept on the GPU. all (default): every weight stays on the GPU, the fastest when "
                         "the model fits. auto: as many as fit beside this request's activations; the others are "
                         "copied in from pinned host memory while earlier blocks compute (about as fast), and the "
@@ -35,27 +34,6 @@ def _vsa_setting(name: str, default: float, minimum: float, maximum: float, step
     return Option(name, "float", default, minimum=minimum, maximum=maximum, step=step, stage="engine",
                   tooltip=f"With attention vsa: {what} Ignored by the other attention kernels.",
                   help=f"With --attention vsa: {cli_what}")
-
-
-def resident_blocks_rule(value) -> str | None:
-    try:
-        parse_resident_blocks(value)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def parse_resident_blocks(value) -> tuple[str, int | None]:
-    """The resident_blocks option -> (WeightPolicy.placement, H3WeightPolicy.resident_blocks): 'all' -> resident;
-    'auto' -> offload, None; a whole number n >= 0 -> offload, n."""
-    text = str(value).strip().lower()
-    if text in ("", "all"):
-        return "resident", None
-    if text == "auto":
-        return "offload", None
-    if text.isdigit():
-        return "offload", int(text)
-    raise ValueError(f"resident_blocks must be 'all', 'auto' or a number of blocks >= 0, got {value!r}.")
 
 
 # What every H3 task's request carries (H3 Sample / Edit / Extend, generate / edit / extend)
@@ -87,11 +65,11 @@ ENGINE = OptionTable(
         "activation scales on the FP8 tensor cores: the DiT's resident weights drop by ~19 GB (its matmul weights "
         "halve), at a small loss of precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) "
         "and dtype bfloat16.")),
-    Option("resident_blocks", "string", "all", RESIDENT_BLOCKS_HELP, choices=RESIDENT_BLOCKS_CHOICES,
-           rule=resident_blocks_rule, stage="engine", help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the "
-                           "request's activations, the rest streamed from pinned host memory while earlier blocks "
-                           "compute; the text encoder and VAEs leave the GPU while the DiT runs when memory is "
-                           "short); or a number (0 streams every block). For GPUs smaller than the model."),
+    resident_blocks_option(RELEASE_BLOCKS, RESIDENT_BLOCKS_HELP, help=(
+        "DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the request's "
+        "activations, the rest streamed from pinned host memory while earlier blocks compute; the text encoder and "
+        "VAEs leave the GPU while the DiT runs when memory is short); or a number (0 streams every block). For GPUs "
+        "smaller than the model.")),
     _vsa_setting("vsa_topk", 0.1, 0.001, 100000.0, 0.001,
                  "how many 4x4x4 video tiles each video tile attends besides the prompt and condition rows. Below 1: "
                  "a fraction of the clip's tiles (0.1 = 10%); 1 or more: a tile count.",

@@ -1,5 +1,5 @@
-"""H3's weight policy: the shared storage / placement (backend/runtime.py) plus H3's own two, the AdaLN tables and
-how many DiT blocks stay on the device when the others stream."""
+"""H3's weight policy: the shared storage / placement / resident blocks (backend/runtime.py) plus H3's own, the AdaLN
+tables."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ ADALN_MODES = ("direct", "cache")
 @dataclass(frozen=True)
 class H3WeightPolicy(WeightPolicy):
     adaln: str = "direct"
-    resident_blocks: int | None = None  # placement "offload": DiT blocks kept on the device; None = auto
 
     @classmethod
     def of(cls, policy: WeightPolicy | None) -> "H3WeightPolicy":
@@ -24,14 +23,9 @@ class H3WeightPolicy(WeightPolicy):
             return cls()
         if isinstance(policy, cls):
             return policy
-        return cls(storage=policy.storage, placement=policy.placement)
+        return cls(storage=policy.storage, placement=policy.placement, resident_blocks=policy.resident_blocks)
 
     def validate(self) -> None:
         super().validate()
-        if self.resident_blocks is not None and (self.placement != "offload" or isinstance(self.resident_blocks, bool)
-                                                 or not isinstance(self.resident_blocks, int)
-                                                 or self.resident_blocks < 0):
-            raise ValueError(f"resident_blocks is a number >= 0 with placement 'offload' (None: auto), got "
-                             f"{self.resident_blocks!r} with placement {self.placement!r}.")
         if self.adaln not in ADALN_MODES:
             raise ValueError(f"AdaLN mode must be one of {ADALN_MODES}, got {self.adaln!r}.")

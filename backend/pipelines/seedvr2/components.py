@@ -1,5 +1,8 @@
 """What one SeedVR2 rank holds: the DiT (compute dtype), the video VAE (its own dtype) and the fixed text embedding,
-loaded once by the family's one loader (strict keys, safetensors only, fp8 files cast per tensor at load)."""
+loaded once by the family's one loader (strict keys, safetensors only), placed by the weight policy: storage
+"compute" casts an fp8 file per tensor at load, "fp8" holds the blocks' GEMM weights in float8 e4m3 (an fp8 file's
+as they are); placement "resident" keeps everything on the device, "offload" streams the DiT's blocks and moves the
+VAE for its stages (placement.py)."""
 
 from __future__ import annotations
 
@@ -33,8 +36,25 @@ class SeedVR2Components:
         self.device = runtime.device
         self.dtype = runtime.compute_dtype
         self.vae_dtype = vae_dtype_for(self.device, getattr(torch, options.vae_dtype))
-        self.dit = load_dit(options.dit_path, self.device, self.dtype, expect=options.variant)
-        self.vae = load_vae(options.vae_path, self.device, self.vae_dtype)
+        policy = runtime.weights
+        self.weights = policy
+        fp8 = policy.storage in ("fp8", "fp8_emulated")
+        if policy.storage == "fp8":
+            from ...models.fp8_linear import check_scaled_mm
+
+            check_scaled_mm(self.device)  # this rank's own GPU, before any weight loads
+        offload = policy.placement == "offload"
+        home = torch.device("cpu") if offload else self.device  # offload: the placement moves what goes where
+        self.dit = load_dit(options.dit_path, home, self.dtype, expect=options.variant, keep_fp8=fp8)
+        self.vae = load_vae(options.vae_path, home, self.vae_dtype)
+        self.placement = None
+        if offload:
+            from .placement import SeedVR2Placement
+
+            self.placement = SeedVR2Placement(self.dit, self.vae, self.device, policy.resident_blocks, policy.storage)
+        elif fp8:
+            for block in self.dit.blocks:
+                block.use_fp8_gemms(emulate=policy.storage == "fp8_emulated")
         # [L, 5120] -> the DiT's compute dtype once; every batch reuses it. A pickle beside the DiT gets its
         # safetensors copy there; one found elsewhere (another pack's install) is only read.
         text = Path(options.text_path)

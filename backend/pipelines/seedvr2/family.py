@@ -7,7 +7,9 @@ import os
 from dataclasses import dataclass
 
 from ...engine_config import DTYPES, EngineConfig
+from ...options import parse_resident_blocks
 from ...runtime import WeightPolicy
+from .options import ENGINE, WEIGHT_FORMATS
 
 DIT_VARIANTS = ("auto", "3b", "7b")
 
@@ -29,6 +31,17 @@ def seedvr2_config(dit_path: str, vae_path: str, text_path: str, *, variant: str
     return EngineConfig("seedvr2", options, compute_dtype=dtype, **engine)
 
 
+def seedvr2_engine_config(dit_path: str, vae_path: str, text_path: str, *, weights: str = "bf16",
+                          resident_blocks="all", **config) -> EngineConfig:
+    """The SeedVR2 engine config for the loader's choices, each checked by its option's rule: the one builder SeedVR2
+    Model Loader and `upscale` share. `config`: seedvr2_config's other arguments (variant, dtype, vae_dtype, device,
+    world_size, attention, ...)."""
+    ENGINE.check({"weights": weights, "resident_blocks": resident_blocks})
+    placement, resident = parse_resident_blocks(resident_blocks)
+    policy = WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement, resident_blocks=resident)
+    return seedvr2_config(dit_path, vae_path, text_path, weights=policy, **config)
+
+
 class SeedVR2Family:
     name = "seedvr2"
 
@@ -44,12 +57,12 @@ class SeedVR2Family:
         if o.vae_dtype not in DTYPES:
             raise ValueError(f"VAE dtype must be one of {DTYPES}, got {o.vae_dtype!r}.")
         w = config.weights
-        if type(w) is not WeightPolicy or (w.storage, w.placement) != ("compute", "resident"):
-            # The DiT's released fp8 files are cast at load; FP8 GEMMs and block streaming are not built for it, and
-            # another family's own policies (a subclass) mean nothing here.
-            other = "" if type(w) is WeightPolicy else f" and {type(w).__name__}'s own settings"
-            raise ValueError(f"SeedVR2 runs its weights resident in the compute precision; weight storage "
-                             f"{w.storage!r}, placement {w.placement!r}{other} are not available for it.")
+        if type(w) is not WeightPolicy:  # another family's own policies (a subclass) mean nothing here
+            raise ValueError(f"SeedVR2 takes the shared weight policy (storage, placement, resident blocks); "
+                             f"{type(w).__name__}'s own settings are not available for it.")
+        from ...models.fp8_linear import check_fp8_config
+
+        check_fp8_config(config)
         from ...attention.registry import dense_names, get_backend
 
         if get_backend(config.attention).make_plan is not None:  # a sparse backend's plan reads H3's packed layout
@@ -73,14 +86,17 @@ class SeedVR2Family:
                                   "safetensors.")
 
     def memory_bytes(self, config: EngineConfig) -> int:
-        """What a rank holds: both weight files at the compute width (an fp8 file doubles in bf16), plus the text."""
-        from ...models.seedvr2.checkpoints import header_shapes
+        """What a rank holds (on the device, or with the offload placement in host memory): both weight files at the
+        compute width (an fp8 file doubles in bf16; FP8 storage keeps the blocks' GEMM weights at one byte)."""
+        from ...models.seedvr2.checkpoints import GEMM_WEIGHT, header_shapes
 
+        fp8 = config.weights.storage in ("fp8", "fp8_emulated")
         total = 0
         for path, dtype in ((config.options.dit_path, config.compute_dtype),
                             (config.options.vae_path, config.options.vae_dtype)):
             width = 4 if dtype == "float32" else 2
-            total += width * sum(_numel(s) for s in header_shapes(path).values())
+            for key, shape in header_shapes(path).items():
+                total += (1 if fp8 and GEMM_WEIGHT.match(key) else width) * _numel(shape)
         return total
 
     def build(self, runtime, options: SeedVR2Options):

@@ -147,10 +147,24 @@ def vae_tiled(height: int, width: int, vae_tile: int) -> bool:
     return bool(vae_tile) and vae_tile < max(height, width)
 
 
-def vae_bytes(frames: int, height: int, width: int, vae_act_bytes: int, vae_tile: int = 0,
+def split_tiles(vae_tile) -> tuple[int, int]:
+    """A VAE tile setting -> (encode tile, decode tile): one number is both; 0 is whole frames."""
+    if isinstance(vae_tile, (tuple, list)):
+        encode, decode = vae_tile
+        return int(encode or 0), int(decode or 0)
+    return int(vae_tile or 0), int(vae_tile or 0)
+
+
+def vae_bytes(frames: int, height: int, width: int, vae_act_bytes: int, vae_tile=0,
               width_scale: float = 1.0) -> tuple[int, int]:
     """(encode, decode) bytes of the VAE's own work for a batch (the video tensors of batch_memory not included);
-    `width_scale`: vae_scale of the VAE."""
+    `vae_tile`: a tile for both, or (encode tile, decode tile) (split_tiles); `width_scale`: vae_scale of the
+    VAE."""
+    encode_tile, decode_tile = split_tiles(vae_tile)
+    if encode_tile != decode_tile:
+        return (vae_bytes(frames, height, width, vae_act_bytes, encode_tile, width_scale)[0],
+                vae_bytes(frames, height, width, vae_act_bytes, decode_tile, width_scale)[1])
+    vae_tile = encode_tile
     scale = vae_act_bytes / 2 * width_scale
     if not vae_tiled(height, width, vae_tile):
         pixels = height * width
@@ -166,29 +180,38 @@ def vae_bytes(frames: int, height: int, width: int, vae_act_bytes: int, vae_tile
     return encode, decode
 
 
+def video_tensor_bytes(frames: int, height: int, width: int, vae_act_bytes: int, world: int = 1) -> tuple[int, int]:
+    """(encode, decode) bytes of the batch's whole video tensors that stay alive across the stages (the module
+    docstring): the model-size input, and at decode also the decoded output and the uint8 result. With several ranks
+    each holds only its own time slices' frames (and decodes only those), while rank 0 receives the whole result."""
+    video = -(-3 * padded_frames(frames) * height * width * vae_act_bytes // world)
+    return video, 2 * video + frames * height * width * 3
+
+
 def batch_memory(config, frames: int, height: int, width: int, in_height: int, in_width: int, act_bytes: int,
-                 vae_act_bytes: int, world: int = 1, vae_tile: int = 0, *, vae_scale: float = 1.0) -> BatchMemory:
+                 vae_act_bytes: int, world: int = 1, vae_tile=0, *, vae_scale: float = 1.0, dit_weights: int = 0,
+                 vae_weights: int = 0) -> BatchMemory:
+    """`dit_weights` / `vae_weights`: weight bytes a stage brings to the device beside its activations (the offload
+    placement's streaming slots or resident blocks, the VAE it moves in); 0 where the weights stay resident (the
+    caller counts those)."""
     tokens = latent_frames(frames) * (height // 16) * (width // 16)
     per_rank = -(-tokens // world) * (11 if world > 1 else 10) // 10
-    padded = padded_frames(frames)
-    # The model-size input, alive until the colour fix; with several ranks each holds only its own time slices'
-    # frames (and decodes only those), while rank 0 receives the whole uint8 result.
-    video = -(-3 * padded * height * width * vae_act_bytes // world)
+    video, decoded = video_tensor_bytes(frames, height, width, vae_act_bytes, world)
     encode, decode = vae_bytes(frames, height, width, vae_act_bytes, vae_tile, vae_scale)
     if world > 1:  # a rank also holds the carried frames it sends on and (rank 0) its next round's heads
         carry = int(CARRY_BYTES_PER_PIXEL * vae_act_bytes / 2 * vae_scale * height * width)
         encode, decode = encode + carry, decode + carry
     return BatchMemory(
         frames=frames,
-        dit=per_rank * dit_token_bytes(config, act_bytes) + dit_chunk_bytes(config, act_bytes) + video,
-        encode=encode + video,
-        decode=decode + 2 * video + frames * height * width * 3,
+        dit=per_rank * dit_token_bytes(config, act_bytes) + dit_chunk_bytes(config, act_bytes) + video + dit_weights,
+        encode=encode + video + vae_weights,
+        decode=decode + decoded + vae_weights,
     )
 
 
 def largest_batch(config, total_frames: int, height: int, width: int, in_height: int, in_width: int,
-                  act_bytes: int, vae_act_bytes: int, free_bytes: int, world: int = 1, vae_tile: int = 0, *,
-                  vae_scale: float = 1.0, reserved: int = 0) -> int:
+                  act_bytes: int, vae_act_bytes: int, free_bytes: int, world: int = 1, vae_tile=0, *,
+                  vae_scale: float = 1.0, reserved: int = 0, dit_weights: int = 0, vae_weights: int = 0) -> int:
     """The largest 4n+1 batch (<= the padded video) that fits `free_bytes` besides `reserved` bytes, or 0 when none
     does (a video of several frames needs batches of at least MIN_BATCH_FRAMES)."""
     budget = free_bytes * HEADROOM - reserved
@@ -196,7 +219,8 @@ def largest_batch(config, total_frames: int, height: int, width: int, in_height:
     best = 0
     for frames in range(1, cap + 1, 4):
         if batch_memory(config, frames, height, width, in_height, in_width, act_bytes, vae_act_bytes,
-                        world, vae_tile, vae_scale=vae_scale).peak > budget:
+                        world, vae_tile, vae_scale=vae_scale, dit_weights=dit_weights,
+                        vae_weights=vae_weights).peak > budget:
             break
         best = frames
     return 0 if best < MIN_BATCH_FRAMES and total_frames > best else best
@@ -219,41 +243,44 @@ def largest_output(height: int, width: int, fits) -> tuple[int, int]:
 
 
 def largest_vae_tile(frames: int, height: int, width: int, vae_act_bytes: int, budget: float,
-                     vae_scale: float = 1.0) -> int:
-    """The largest VAE tile (a multiple of VAE_TILE_STEP px, at least MIN_VAE_TILE, that cuts the frame) whose encode
-    and decode of a batch of `frames` fit `budget` bytes with the batch's video tensors, or 0 when none does."""
-    padded = padded_frames(frames)
-    video = 3 * padded * height * width * vae_act_bytes
-    tensors = max(video, 2 * video + frames * height * width * 3)
+                     vae_scale: float = 1.0, stage: str = "both", vae_weights: int = 0) -> int:
+    """The largest VAE tile (a multiple of VAE_TILE_STEP px, at least MIN_VAE_TILE, that cuts the frame) whose
+    `stage` ("encode", "decode" or "both") of a batch of `frames` fits `budget` bytes with the batch's video tensors
+    (and `vae_weights`), or 0 when none does."""
+    tensors = video_tensor_bytes(frames, height, width, vae_act_bytes)
     tile = (max(height, width) - 1) // VAE_TILE_STEP * VAE_TILE_STEP
     while tile >= MIN_VAE_TILE:
-        if max(vae_bytes(frames, height, width, vae_act_bytes, tile, vae_scale)) + tensors <= budget:
+        need = [a + b for a, b in zip(vae_bytes(frames, height, width, vae_act_bytes, tile, vae_scale), tensors)]
+        if {"encode": need[0], "decode": need[1]}.get(stage, max(need)) + vae_weights <= budget:
             return tile
         tile -= VAE_TILE_STEP
     return 0
 
 
 def check_fits(config, batch_frames: int, total_frames: int, height: int, width: int, in_height: int, in_width: int,
-               act_bytes: int, vae_act_bytes: int, free_bytes: int | None, world: int = 1, vae_tile: int = 0, *,
-               vae_scale: float = 1.0, reserved_per_pixel: float = 0, where: str = "on the GPU") -> int:
+               act_bytes: int, vae_act_bytes: int, free_bytes: int | None, world: int = 1, vae_tile=0, *,
+               vae_scale: float = 1.0, reserved_per_pixel: float = 0, where: str = "on the GPU",
+               dit_weights: int = 0, vae_weights: int = 0) -> int:
     """The batch to use: `batch_frames` (0 = the largest that fits). Raises a RequestError before any work when the
     asked batch, or even the smallest, does not fit `free_bytes` (`where`: the memory it is, for the message) besides
     `reserved_per_pixel` bytes per output pixel held there anyway (a CPU engine's frame sink); the message names the
     stage that does not fit, the largest batch that does, where the VAE is what does not fit the largest VAE tile
     that would, and where no batch fits the largest output size that does. `free_bytes` None: nothing is known to
-    check against (a platform that reports no free memory): the asked batch, auto = the whole video."""
+    check against (a platform that reports no free memory): the asked batch, auto = the whole video.
+    `dit_weights` / `vae_weights`: batch_memory's."""
     if free_bytes is None:
         return batch_frames or padded_frames(total_frames)
     args = (height, width, in_height, in_width, act_bytes, vae_act_bytes)
+    weights = dict(dit_weights=dit_weights, vae_weights=vae_weights)
     reserved = int(reserved_per_pixel * height * width)
     best = largest_batch(config, total_frames, *args, free_bytes, world, vae_tile, vae_scale=vae_scale,
-                         reserved=reserved)
+                         reserved=reserved, **weights)
     if best and not (batch_frames and batch_frames > best):
         return batch_frames or best
     budget = free_bytes * HEADROOM - reserved
     smallest = 1 if total_frames <= 1 else MIN_BATCH_FRAMES
     frames = batch_frames if best else min(batch_frames or smallest, smallest)
-    need = batch_memory(config, frames, *args, world, vae_tile, vae_scale=vae_scale)
+    need = batch_memory(config, frames, *args, world, vae_tile, vae_scale=vae_scale, **weights)
     stage = max((need.dit, "the DiT"), (need.encode, "the VAE encode"), (need.decode, "the VAE decode"))[1]
     held = f", less ~{_size(reserved)} for the output's frame sink" if reserved else ""
     free = f"the {_size(max(budget, 0))} usable {where} ({HEADROOM:.0%} of {_size(free_bytes)} free{held})"
@@ -268,8 +295,9 @@ def check_fits(config, batch_frames: int, total_frames: int, height: int, width:
         # the batch a tile is sized for: the one asked (auto: up to AUTO_TILED_BATCH frames), or less if the DiT
         # on one GPU does not fit it
         ask = batch_frames or min(AUTO_TILED_BATCH, padded_frames(total_frames))
-        want = next((f for f in range(ask, 0, -4) if batch_memory(config, f, *args, 1).dit <= budget), 0)
-        tile = largest_vae_tile(want, height, width, vae_act_bytes, budget, vae_scale) if want else 0
+        want = next((f for f in range(ask, 0, -4) if batch_memory(config, f, *args, 1, **weights).dit <= budget), 0)
+        tile = largest_vae_tile(want, height, width, vae_act_bytes, budget, vae_scale,
+                                vae_weights=vae_weights) if want else 0
         found = (f"the largest VAE tile that fits a batch of {want} frame{'s' if want > 1 else ''} is vae_tile "
                  f"{tile} (a tiled VAE is close to, not equal to, the whole pass)")
         if world > 1:
@@ -283,7 +311,7 @@ def check_fits(config, batch_frames: int, total_frames: int, height: int, width:
     if best == 0:
         def fits(h: int, w: int) -> bool:
             peak = batch_memory(config, frames, h, w, in_height, in_width, act_bytes, vae_act_bytes, world,
-                                vae_tile, vae_scale=vae_scale).peak
+                                vae_tile, vae_scale=vae_scale, **weights).peak
             return peak + reserved_per_pixel * h * w <= free_bytes * HEADROOM
 
         w, h = largest_output(height, width, fits)
@@ -292,6 +320,59 @@ def check_fits(config, batch_frames: int, total_frames: int, height: int, width:
     if need.dit > budget and where == "on the GPU":
         tail.append("for the DiT choose a smaller scale or more GPUs (sp_degree)")
     raise RequestError(head + ("; " + "; ".join(tail) if tail else "") + ".")
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What the memory check chose for a request: the batch, the VAE tiles ((0, 0): whole frames) and whether they
+    were chosen here (`auto_tiles`) rather than asked for."""
+
+    batch: int
+    vae_tiles: tuple[int, int]
+    auto_tiles: bool = False
+
+
+def plan_memory(config, batch_frames: int, total_frames: int, height: int, width: int, in_height: int,
+                in_width: int, act_bytes: int, vae_act_bytes: int, free_bytes: int | None, world: int = 1,
+                vae_tile: int = 0, *, auto_tiles: bool = True, **model) -> MemoryPlan:
+    """The batch and VAE tiles of a request (`model`: check_fits's keyword arguments). An asked tile is checked as
+    it is (check_fits). With `vae_tile` 0, whole frames when the asked batch (auto: the largest batch of at least
+    MIN_BATCH_FRAMES) fits them; otherwise, on one rank and with `auto_tiles`, the largest batch the DiT fits (the
+    asked one, or auto's) with the largest encode tile and the largest decode tile that fit it, each sized for its
+    own stage. When neither fits, check_fits's RequestError, naming what would."""
+    args = (config, batch_frames, total_frames, height, width, in_height, in_width, act_bytes, vae_act_bytes,
+            free_bytes, world)
+    if vae_tile:
+        return MemoryPlan(check_fits(*args, vae_tile, **model), (vae_tile, vae_tile))
+    try:
+        return MemoryPlan(check_fits(*args, 0, **model), (0, 0))
+    except RequestError as refusal:
+        if not auto_tiles or world > 1 or free_bytes is None:
+            raise
+        tiled = _tiled_plan(*args[:10], **model)
+        if tiled is None:
+            raise refusal from None
+        return tiled
+
+
+def _tiled_plan(config, batch_frames, total_frames, height, width, in_height, in_width, act_bytes, vae_act_bytes,
+                free_bytes, *, vae_scale: float = 1.0, reserved_per_pixel: float = 0, where: str = "",
+                dit_weights: int = 0, vae_weights: int = 0) -> MemoryPlan | None:
+    """plan_memory's tiled choice, or None when no batch the DiT fits has tiles that fit."""
+    budget = free_bytes * HEADROOM - int(reserved_per_pixel * height * width)
+    cap = padded_frames(total_frames)
+    smallest = 1 if total_frames <= 1 else MIN_BATCH_FRAMES
+    candidates = [batch_frames] if batch_frames else range(cap - (cap - 1) % 4, smallest - 1, -4)
+    args = (height, width, in_height, in_width, act_bytes, vae_act_bytes)
+    for frames in candidates:
+        if batch_memory(config, frames, *args, dit_weights=dit_weights).dit > budget:
+            continue
+        tiles = tuple(largest_vae_tile(frames, height, width, vae_act_bytes, budget, vae_scale, stage, vae_weights)
+                      for stage in ("encode", "decode"))
+        if all(tiles) and batch_memory(config, frames, *args, 1, tiles, vae_scale=vae_scale, dit_weights=dit_weights,
+                                       vae_weights=vae_weights).peak <= budget:
+            return MemoryPlan(frames, tiles, auto_tiles=True)
+    return None
 
 
 def check_host(height: int, width: int, per_pixel: float, free_bytes: int | None, what: str) -> None:

@@ -6,7 +6,7 @@ it)."""
 
 from __future__ import annotations
 
-from ...options import SEED, Option, OptionTable
+from ...options import SEED, Option, OptionTable, resident_blocks_option
 from .colorfix import METHODS
 
 COLOR_FIXES = METHODS  # the modes by name (read when a list is made: a mode added there shows everywhere)
@@ -18,6 +18,10 @@ MIN_VAE_TILE = 128  # px; smaller tiles see too little of the frame (and a tile 
 MIN_BATCH_FRAMES = 5  # several batches need a latent frame of history besides the first; one frame is auto's anyway
 MAX_BATCH_FRAMES = 4097
 MAX_OVERLAP = 64
+
+
+WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' option -> WeightPolicy.storage
+RELEASE_BLOCKS = 36  # the 7B DiT's blocks (the 3B has 32): the resident_blocks choices go up to it
 
 
 def batch_frames_rule(value) -> str | None:
@@ -38,7 +42,7 @@ def batch_frames_rule(value) -> str | None:
 def vae_tile_rule(value) -> str | None:
     if value == 0 or (value >= MIN_VAE_TILE and value % 8 == 0):
         return None
-    return f"VAE tile {value} must be 0 (off) or a multiple of 8 from {MIN_VAE_TILE} to {MAX_SIDE} pixels."
+    return f"VAE tile {value} must be 0 (auto) or a multiple of 8 from {MIN_VAE_TILE} to {MAX_SIDE} pixels."
 
 
 def _side(name: str, default: int, tooltip: str, message: str, flag: str | None = "") -> Option:
@@ -80,14 +84,15 @@ UPSCALE = OptionTable(
     Option("fps", "float", 24.0, "Frame rate of the output for images; a connected video keeps its own.",
            minimum=0.01, maximum=240.0, step=0.001, stage="node", node="optional", flag=None),
     Option("vae_tile", "int", 0, minimum=0, maximum=MAX_SIDE, step=8, rule=vae_tile_rule, node="optional",
-           message="VAE tile {value} must be 0 (off) or a multiple of 8 from 128 to {maximum} pixels.",
-           help="VAE encode/decode in tiles of at most N pixels a side (a multiple of 8, >= 128; one GPU), for outputs "
-                "whose frames do not fit the GPU whole (e.g. 4K): close to, not equal to, the whole pass. 0: whole "
-                "frames.",
-           tooltip="0 = off. Otherwise the VAE encodes and decodes each frame in overlapping tiles of at most this "
-                   "many pixels a side (a multiple of 8, at least 128; one GPU only), for outputs whose frames do not "
-                   "fit the GPU whole, e.g. 4K. Close to, not equal to, the whole-frame result, and slower; a memory "
-                   "error names the largest tile that fits."),
+           message="VAE tile {value} must be 0 (auto) or a multiple of 8 from 128 to {maximum} pixels.",
+           help="VAE encode/decode in tiles of at most N pixels a side (a multiple of 8, >= 128; one GPU): close to, "
+                "not equal to, the whole pass. 0 (auto): whole frames when they fit the GPU, else on one GPU the "
+                "largest encode and decode tiles that fit, chosen before any work (the manifest names them).",
+           tooltip="0 = auto: whole frames when they fit the GPU; when they do not (e.g. 1080p or 4K on a 12-24 GB "
+                   "card), on one GPU the VAE encodes and decodes in the largest overlapping tiles that fit, encode "
+                   "and decode sized apart, chosen before any work. A number: tiles of at most this many pixels a "
+                   "side (a multiple of 8, at least 128; one GPU only). Tiles are close to, not equal to, the "
+                   "whole-frame result, and slower."),
     Option("scene_cuts", "bool", True, node="optional",
            help="Keep hard cuts: no batch spans a cut and no cross-fade blends two shots (cuts found from frame "
                 "differences before any work). --no-scene-cuts batches the clip as one shot.",
@@ -95,4 +100,26 @@ UPSCALE = OptionTable(
                    "batch spans a cut and no cross-fade blends two shots. Off: the clip is batched as one shot. A "
                    "clip without cuts is the same either way."),
     label="SeedVR2 Upscale's {name}",
+)
+
+# How the engine runs: SeedVR2 Model Loader's appended inputs and `upscale`'s engine flags (family.seedvr2_engine_config
+# is the one builder of the weight policy from them).
+ENGINE = OptionTable(
+    Option("weights", "choice", "bf16", choices=tuple(WEIGHT_FORMATS), stage="engine", node="optional",
+           flag=None, tooltip=(  # CLI: --fp8
+               "bf16: the DiT's weights in the dtype above (an fp8 file is cast up). fp8: its blocks' matmul weights "
+               "as float8 e4m3 with one scale per output channel (an fp8 file's kept as they are) run as FP8 "
+               "matmuls with per-row activation scales: the DiT's weights nearly halve, at a small loss of "
+               "precision. Needs an NVIDIA GPU with FP8 (RTX 40xx, L4/L40, H100/H200 or newer) and dtype bfloat16.")),
+    resident_blocks_option(RELEASE_BLOCKS, tooltip=(
+        "DiT blocks kept on the GPU. all (default): every weight stays on the GPU, the fastest when it fits. auto: "
+        "as many as fit beside the batch's activations; the others are copied in from pinned host memory while "
+        "earlier blocks compute, and the VAE leaves the GPU while the DiT runs when memory is short: for 8-24 GB "
+        "cards. A number: keep that many (0 streams every block; 3B has 32, 7B 36). Every choice but all holds the "
+        "DiT blocks in host RAM (~7 GB for 3B, ~16 GB for 7B in bf16)."),
+        help="DiT blocks kept on the GPU: all (every weight resident); auto (as many as fit beside the batch's "
+             "activations, the rest streamed from pinned host memory; the VAE leaves the GPU while the DiT runs when "
+             "memory is short); or a number (0 streams every block). For GPUs smaller than the model and its "
+             "activations.").with_(node="optional"),
+    label="SeedVR2 Model Loader's {name}",
 )

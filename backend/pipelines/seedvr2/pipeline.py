@@ -18,7 +18,7 @@ from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
 from .batches import StreamBlender, padded_frames, plan_shots
-from .memory import check_fits, check_host, host_free_bytes, sink_bytes_per_pixel, vae_scale
+from .memory import batch_memory, check_host, host_free_bytes, plan_memory, sink_bytes_per_pixel, vae_scale
 from .preprocess import plan_geometry
 from .request import UpscaleRequest, UpscaleResult
 from .scene_cuts import find_cuts
@@ -45,10 +45,14 @@ class SeedVR2Pipeline:
 
     def _free_bytes(self) -> int | None:
         """The least free device memory over the ranks (every rank must choose the same batch, or refuse together:
-        a rank planning alone could leave the others waiting in a collective). None on the CPU."""
+        a rank planning alone could leave the others waiting in a collective), counting what the offload placement
+        can take back from its own weights. None on the CPU."""
         if self.c.device.type != "cuda":
             return None
+        torch.cuda.empty_cache()  # the allocator's cache is free memory for this check
         free, _ = torch.cuda.mem_get_info(self.c.device)
+        if self.c.placement is not None:
+            free += self.c.placement.releasable_bytes()
         return self.parallel.min(int(free))
 
     def _host_free_bytes(self) -> int | None:
@@ -58,7 +62,7 @@ class SeedVR2Pipeline:
         return None if least < 0 else least
 
     def plan(self, req: UpscaleRequest):
-        """(geometry, batch plan) of a request, or a RequestError before any work."""
+        """(geometry, batch plan, memory plan) of a request, or a RequestError before any work."""
         frames = req.frames
         size = (req.width, req.height) if req.width is not None else None
         geometry = plan_geometry(frames.shape[1], frames.shape[2], scale=req.scale, short_side=req.short_side,
@@ -82,13 +86,21 @@ class SeedVR2Pipeline:
                 f" per rank (its {world} ranks share the host)" if world > 1 else ""))
         else:
             check_host(*geometry.output, sink, host_free, what)
-        batch = check_fits(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
-                           act, vae_act, device_free, world, req.vae_tile, **model)
-        batch = min(batch, padded_frames(req.num_frames))
+            if self.c.placement is not None:  # the weights each stage brings in beside its activations
+                model.update(zip(("dit_weights", "vae_weights"), self.c.placement.stage_weights()))
+        # Automatic VAE tiles on a GPU engine (a CPU engine's host memory names the largest output instead)
+        memory = plan_memory(self.c.config, req.batch_frames, req.num_frames, *geometry.model, *geometry.source,
+                             act, vae_act, device_free, world, req.vae_tile, auto_tiles=self.c.device.type == "cuda",
+                             **model)
+        batch = min(memory.batch, padded_frames(req.num_frames))
+        if self.c.placement is not None:
+            need = batch_memory(self.c.config, batch, *geometry.model, *geometry.source, act, vae_act, world,
+                                memory.vae_tiles, vae_scale=model["vae_scale"])
+            self.c.placement.plan_request(need.dit, max(need.encode, need.decode))
         overlap = req.overlap if req.batch_frames else min(req.overlap, (batch - 1) // 2)
         # every rank finds the same cuts in the same frames (a deterministic host computation)
         cuts = find_cuts(req.frames) if req.scene_cuts else []
-        return geometry, plan_shots(req.num_frames, batch, overlap if req.num_frames > batch else 0, cuts)
+        return geometry, plan_shots(req.num_frames, batch, overlap if req.num_frames > batch else 0, cuts), memory
 
     @torch.no_grad()
     def run(self, req: UpscaleRequest, on_step: Callable[[int, int], None] | None = None,
@@ -96,7 +108,7 @@ class SeedVR2Pipeline:
         req.validate()
         t0 = time.perf_counter()
         recorder = StageRecorder(self.c.device)
-        geometry, plan = self.plan(req)
+        geometry, plan, memory = self.plan(req)
         out_h, out_w = geometry.output
         p = self.parallel
         sink = blender = None
@@ -126,7 +138,7 @@ class SeedVR2Pipeline:
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
                                        batch_generator(req.seed, k), p, routing_for,
                                        self.runtime.attention, timings if req.timings else None,
-                                       vae_tile=req.vae_tile, check=lambda k=k: check(k))
+                                       vae_tile=memory.vae_tiles, check=lambda k=k: check(k))
                 if blender is not None:
                     for chunk in blender.push(frames):
                         sink.write(chunk)
@@ -153,16 +165,18 @@ class SeedVR2Pipeline:
             if isinstance(sink, MemorySink):
                 frames = sink.result()[0]
         result = UpscaleResult(frames, out_w, out_h, req.num_frames, plan.count, req.output_path, timings=timings)
-        result.manifest = self._manifest(req, recorder, geometry, plan, timings, batch_s)
+        result.manifest = self._manifest(req, recorder, geometry, plan, memory, timings, batch_s)
         return result
 
-    def _manifest(self, req, recorder, geometry, plan, timings: dict, batch_s: list) -> dict:
+    def _manifest(self, req, recorder, geometry, plan, memory, timings: dict, batch_s: list) -> dict:
         """The request's manifest (every rank gathers the peaks). Stage seconds beyond the total come from the
         request's `timings=True` path; per-batch host seconds always."""
         out_h, out_w = geometry.output
         shapes = {"input": list(req.frames.shape[:3]), "output": [req.num_frames, out_h, out_w],
                   "model": list(geometry.model), "batches": plan.count, "batch_frames": plan.batch,
                   "scene_cuts": list(plan.cuts)}
+        shapes["vae_tiles"] = {"encode": memory.vae_tiles[0], "decode": memory.vae_tiles[1],
+                               "chosen": "auto" if memory.auto_tiles else ("asked" if req.vae_tile else "whole")}
         stage_timings = {"total_s": timings["total_s"]}
         if "decode_s" in timings:
             stage_timings["decode_s"] = timings["decode_s"]
@@ -171,6 +185,8 @@ class SeedVR2Pipeline:
         m["extra_stages"] = {k: v for k, v in timings.items() if k.endswith("_s") and k not in ("total_s", "decode_s")}
         m["extra_stages"]["batch_s"] = list(batch_s)
         m["engine"]["vae_dtype"] = str(self.c.vae_dtype).removeprefix("torch.")
+        if self.c.placement is not None:  # the policy itself is the engine's "weights" (engine_part)
+            m["engine"]["placement"] = self.c.placement.report()
         return m
 
     @staticmethod

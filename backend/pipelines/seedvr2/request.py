@@ -25,8 +25,9 @@ class UpscaleRequest:
     frames shared by consecutive batches and cross-faded. seed: the noise of batch k is drawn from a generator seeded
     (seed, k).
     output_path: a reserved .mp4 the driver streams finished frames into (None: frames come back in memory).
-    vae_tile: 0, or the VAE encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128;
-    one GPU), for outputs whose frames do not fit whole: close to, not equal to, the whole pass (vae_tiling.py).
+    vae_tile: 0 (auto: whole frames when they fit, else on one GPU the tiles memory.plan_memory chooses), or the VAE
+    encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128; one GPU): close to, not
+    equal to, the whole pass (vae_tiling.py).
     scene_cuts: hard cuts found in `frames` (scene_cuts.py) are kept: batches planned shot by shot (batches.py)."""
 
     frames: "torch.Tensor | PlannedFrames"

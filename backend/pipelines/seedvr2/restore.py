@@ -25,6 +25,7 @@ from ...models.seedvr2.vae_tiling import tiled_decode, tiled_encode
 from ...parallel import seedvr2_vae_shard as vae_shard
 from .batches import latent_frames
 from .colorfix import color_fix
+from .memory import split_tiles
 from .preprocess import Geometry, padded_frame_count, prepare_frames, prepare_video, uint8_frames
 
 TIMESTEP = 1000.0
@@ -85,6 +86,8 @@ def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.
     x_t = _given(x_t, (t_lat, h, w, 16), "x_T").to(c.device)
     model_in = torch.cat([x_t, cond, torch.ones_like(cond[..., :1])], dim=-1).to(c.dtype)
     routing = routing_for((t_lat, h // 2, w // 2)) if routing_for is not None else None
+    if c.placement is not None:
+        c.placement.enter_dit()
     with _stage(timings, "dit_s", c.device):
         velocity = c.dit(model_in, c.text, TIMESTEP, routing=routing, attention=attention, check=check)
     return x_t, velocity
@@ -92,19 +95,19 @@ def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.
 
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
                   parallel, routing_for=None, attention=None, timings: dict | None = None,
-                  noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int = 0,
+                  noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int | tuple[int, int] = 0,
                   check=None) -> torch.Tensor | None:
     """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
     `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
     runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
     (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
-    tiles of at most this many pixels (one rank; 0: whole frames). `check()`: the Stop check (raises Cancelled; with
+    tiles of at most this many pixels, or (encode tile, decode tile) (one rank; 0: whole frames). `check()`: the Stop check (raises Cancelled; with
     several ranks it agrees over all of them), asked at every stage border and between the DiT's blocks, on one rank
     also between the VAE's time slices and tiles (the ranks' VAE passes exchange frames slice by slice: a rank
     leaving there would strand its neighbours), so a batch of the whole clip stops within a slice or a block."""
     if parallel.is_parallel:
-        if vae_tile:  # the pipeline refuses it first, as a request error
+        if any(split_tiles(vae_tile)):  # the pipeline refuses it first, as a request error
             raise ValueError(f"a VAE tile runs on one rank; this restore runs on {parallel.world}")
         return _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention,
                                  timings, noise, check or _no_check)
@@ -115,17 +118,21 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     eps, x_t = noise if noise is not None else (None, None)
     check = check or _no_check
     check()
+    encode_tile, decode_tile = split_tiles(vae_tile)
+    _enter_vae(c)
     with _stage(timings, "encode_s", dev):
-        cond = sample_condition(c.vae, video, generator, eps, vae_tile, check)
+        cond = sample_condition(c.vae, video, generator, eps, encode_tile, check)
     check()
     x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings, check)
     del cond
     check()
     x0 = (x_t - velocity.float()).div_(LATENT_SCALE)
     del velocity, x_t
+    _enter_vae(c)
     with _stage(timings, "decode_s", dev):
         z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)  # decoded below: [3, F', H', W']
-        decoded = (tiled_decode(c.vae, z, vae_tile, check=check) if vae_tile else c.vae.decode(z, check=check))[0]
+        decoded = (tiled_decode(c.vae, z, decode_tile, check=check) if decode_tile else
+                   c.vae.decode(z, check=check))[0]
         del z
     del x0
     # Colour fix and quantisation per chunk of frames in float32 (a bf16 result would step by ~1 level of 255).
@@ -142,6 +149,11 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
 
 def _no_check() -> None:
     pass
+
+
+def _enter_vae(c) -> None:
+    if c.placement is not None:  # the offload placement brings the VAE in for its stage
+        c.placement.enter_vae()
 
 
 def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, routing_for, attention, timings, noise,
@@ -192,6 +204,7 @@ def _restore_on_ranks(c, frames, geometry, color_method, generator, parallel, ro
     top, left, out_h, out_w = geometry.box
     counts = [max(0, min(b, n) - a) for a, b in dec.out_spans]  # frames past the input's end are dropped
     pieces = {}
+    _enter_vae(c)
     decoded = vae_shard.decode_pieces(c.vae, parallel, dec, z)
     while True:
         with _stage(timings, "decode_s", dev):

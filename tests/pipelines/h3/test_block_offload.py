@@ -16,7 +16,7 @@ from comfyui_h3.backend.models import block_offload
 from comfyui_h3.backend.models.block_offload import BlockStreamer, ModuleHome
 from comfyui_h3.backend.models.h3_transformer import H3Transformer, H3TransformerConfig
 from comfyui_h3.backend.pipelines.h3 import offload
-from comfyui_h3.backend.pipelines.h3 import options as h3_options
+from comfyui_h3.backend.options import parse_resident_blocks
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
 from comfyui_h3.backend.pipelines.h3.layout import build_layout
@@ -396,13 +396,13 @@ def test_weight_policy_checks_resident_blocks():
                                        ("auto", ("offload", None)), (" AUTO ", ("offload", None)),
                                        ("0", ("offload", 0)), ("12", ("offload", 12)), (7, ("offload", 7))])
 def test_resident_blocks_option(text, want):
-    assert h3_options.parse_resident_blocks(text) == want
+    assert parse_resident_blocks(text) == want
 
 
 @pytest.mark.parametrize("text", ["-1", "some", "1.5", "all of them"])
 def test_resident_blocks_option_refused(text):
     with pytest.raises(ValueError, match="resident_blocks must be 'all', 'auto' or a number"):
-        h3_options.parse_resident_blocks(text)
+        parse_resident_blocks(text)
 
 
 def test_loader_widget_appended_with_its_choices(tiny_h3_dir, monkeypatch):
@@ -414,7 +414,7 @@ def test_loader_widget_appended_with_its_choices(tiny_h3_dir, monkeypatch):
     choices, opts = spec["optional"]["resident_blocks"]  # a list: ComfyUI refuses other values at queue time
     assert choices[:3] == ["all", "auto", "0"] and choices[-1] == "50" and opts["default"] == "all"
     assert "auto" in opts["tooltip"]
-    assert all(h3_options.parse_resident_blocks(choice) for choice in choices)
+    assert all(parse_resident_blocks(choice) for choice in choices)
     monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
     (default,) = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa")
     (auto,) = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa", resident_blocks="auto")

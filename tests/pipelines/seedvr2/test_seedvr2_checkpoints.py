@@ -165,12 +165,19 @@ def test_family_memory_counts_compute_width(tiny):
 
 
 def test_weight_policies_it_cannot_apply_are_refused(tiny):
-    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy as WeightPolicy
+    from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy
+    from comfyui_h3.backend.runtime import WeightPolicy
 
-    for policy in (WeightPolicy(storage="fp8"), WeightPolicy(placement="offload"), WeightPolicy(adaln="cache")):
-        config = seedvr2_config(_dit(tiny, "3b"), tiny / "a" / VAE_FILE, tiny / "a" / TEXT_FILE, weights=policy)
-        with pytest.raises(ValueError, match="SeedVR2 runs its weights resident"):
-            config.validate()
+    files = (_dit(tiny, "3b"), tiny / "a" / VAE_FILE, tiny / "a" / TEXT_FILE)
+    refused = [(H3WeightPolicy(adaln="cache"), "bfloat16", "takes the shared weight policy"),
+               (WeightPolicy(storage="fp8"), "bfloat16", "FP8 weights need an NVIDIA GPU"),  # the CPU has none
+               (WeightPolicy(storage="fp8_emulated"), "float32", "FP8 weights run with bfloat16 compute")]
+    for policy, dtype, message in refused:
+        with pytest.raises(ValueError, match=message):
+            seedvr2_config(*files, weights=policy, dtype=dtype).validate()
+    for policy in (WeightPolicy(placement="offload"), WeightPolicy(placement="offload", resident_blocks=3),
+                   WeightPolicy(storage="fp8_emulated", placement="offload")):
+        seedvr2_config(*files, weights=policy).validate()  # what SeedVR2 now applies
 
 
 def _legacy_vae(tiny, tmp_path, change):

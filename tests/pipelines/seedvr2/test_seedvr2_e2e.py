@@ -66,7 +66,7 @@ def components(variant):
         _check_sums(vae_weights, json.loads(META["vae_weight_sums"]))
         vae.load_state_dict(vae_weights, strict=True)
         _CACHE[variant] = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32, vae_dtype=torch.float32,
-                                          dit=dit, vae=vae, text=T["text"])
+                                          dit=dit, vae=vae, text=T["text"], placement=None)
     return _CACHE[variant]
 
 

@@ -189,11 +189,11 @@ def test_the_automatic_batch_on_cpu_is_what_fits_the_host_not_the_whole_clip(pip
     room = memory.batch_memory(pipe.c.config, 9, *args, vae_scale=scale).peak + sink
     assert memory.batch_memory(pipe.c.config, 13, *args, vae_scale=scale).peak + sink > room
     plan = _plan_with(pipe, monkeypatch, int(room / memory.HEADROOM) + 1)
-    _, batches = plan(UpscaleRequest(_video(41, 64, 64), scale=4.0, overlap=4))
+    _, batches, _ = plan(UpscaleRequest(_video(41, 64, 64), scale=4.0, overlap=4))
     assert batches.batch == 9 and batches.count > 1
     with pytest.raises(RequestError, match="in host memory .*largest batch that fits is 9 frames"):
         plan(UpscaleRequest(_video(41, 64, 64), scale=4.0, batch_frames=17, overlap=4))
-    _, whole = _plan_with(pipe, monkeypatch, 64 * 1024**3)(UpscaleRequest(_video(41, 64, 64), scale=4.0))
+    _, whole, _ = _plan_with(pipe, monkeypatch, 64 * 1024**3)(UpscaleRequest(_video(41, 64, 64), scale=4.0))
     assert whole.count == 1  # with room for it, still one batch
 
 
