@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ...device_memory import cuda_free_bytes
 from ...models.block_offload import BlockStreamer, ModuleHome, on_call, resident_blocks_for
 
 GIB = 1 << 30
@@ -140,8 +141,7 @@ class StageResidency:
     def _device_free(self) -> int:
         if self.device.type != "cuda":
             return 1 << 62
-        torch.cuda.empty_cache()
-        return int(torch.cuda.mem_get_info(self.device)[0])
+        return cuda_free_bytes(self.device)
 
     def add(self, name: str, module: nn.Module, layers: str | None = None) -> None:
         """`module` lives on the host from now on and comes to the device when any of its children is called."""

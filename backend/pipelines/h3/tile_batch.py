@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from ...device_memory import cuda_free_bytes
+
 # Activation bytes one tile of 1,797 tokens needs at the released width (the SwiGLU FFN's 16,384-wide bf16 input and
 # 8,192-wide output, the float32 residual stream, attention's q/k/v), rounded up: what bounds a batch by free memory.
 _BYTES_PER_TOKEN = 2 * 16384 + 2 * 8192 + 4 * 2048 * 3 + 2 * 2048 * 4
@@ -42,7 +44,7 @@ def max_tiles_per_pass(z: torch.Tensor, tile_tokens: int, limit: int | None = No
         return max(1, int(limit))
     if z.device.type != "cuda":
         return 1 << 30
-    free, _ = torch.cuda.mem_get_info(z.device)
+    free = cuda_free_bytes(z.device)
     return max(1, int(free // 2 // (tile_tokens * _BYTES_PER_TOKEN)))
 
 

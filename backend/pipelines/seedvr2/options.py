@@ -102,8 +102,8 @@ UPSCALE = OptionTable(
     label="SeedVR2 Upscale's {name}",
 )
 
-# How the engine runs: SeedVR2 Model Loader's appended inputs and `upscale`'s engine flags (family.seedvr2_engine_config
-# is the one builder of the weight policy from them).
+# How the engine runs: SeedVR2 Model Loader's appended inputs and `upscale`'s engine flags
+# (family.seedvr2_engine_config is the one builder of the weight policy from them).
 ENGINE = OptionTable(
     Option("weights", "choice", "bf16", choices=tuple(WEIGHT_FORMATS), stage="engine", node="optional",
            flag=None, tooltip=(  # CLI: --fp8

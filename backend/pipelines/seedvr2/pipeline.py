@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from ...device_memory import cuda_free_bytes
 from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
@@ -49,8 +50,7 @@ class SeedVR2Pipeline:
         can take back from its own weights. None on the CPU."""
         if self.c.device.type != "cuda":
             return None
-        torch.cuda.empty_cache()  # the allocator's cache is free memory for this check
-        free, _ = torch.cuda.mem_get_info(self.c.device)
+        free = cuda_free_bytes(self.c.device)  # the allocator's cache is free memory for this check
         if self.c.placement is not None:
             free += self.c.placement.releasable_bytes()
         return self.parallel.min(int(free))

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ...device_memory import cuda_free_bytes
 from ...models.block_offload import BlockStreamer, ModuleHome, resident_blocks_for
 
 
@@ -58,8 +59,7 @@ class SeedVR2Placement:
     def _device_free(self) -> int:
         if self.device.type != "cuda":
             return 1 << 62
-        torch.cuda.empty_cache()
-        return int(torch.cuda.mem_get_info(self.device)[0])
+        return cuda_free_bytes(self.device)
 
     # ---- what the memory check counts ------------------------------------------------------------------------------
     def releasable_bytes(self) -> int:

@@ -102,10 +102,11 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
     (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
-    tiles of at most this many pixels, or (encode tile, decode tile) (one rank; 0: whole frames). `check()`: the Stop check (raises Cancelled; with
-    several ranks it agrees over all of them), asked at every stage border and between the DiT's blocks, on one rank
-    also between the VAE's time slices and tiles (the ranks' VAE passes exchange frames slice by slice: a rank
-    leaving there would strand its neighbours), so a batch of the whole clip stops within a slice or a block."""
+    tiles of at most this many pixels, or (encode tile, decode tile) (one rank; 0: whole frames). `check()`: the
+    Stop check (raises Cancelled; with several ranks it agrees over all of them), asked at every stage border and
+    between the DiT's blocks, on one rank also between the VAE's time slices and tiles (the ranks' VAE passes
+    exchange frames slice by slice: a rank leaving there would strand its neighbours), so a batch of the whole clip
+    stops within a slice or a block."""
     if parallel.is_parallel:
         if any(split_tiles(vae_tile)):  # the pipeline refuses it first, as a request error
             raise ValueError(f"a VAE tile runs on one rank; this restore runs on {parallel.world}")

@@ -339,3 +339,22 @@ def test_the_upscale_command_takes_resident_blocks_and_fp8(tiny):
         engine_config(args, lambda: tuple(map(str, _files(tiny["3b"]))))
     with pytest.raises(SystemExit):
         parser.parse_args(["upscale", "--video", "x.mp4", "--out", "y.mp4", "--resident-blocks", "many"])
+
+
+def test_free_device_memory_honours_a_per_process_cap(monkeypatch):
+    """A process capped with set_per_process_memory_fraction (a shared GPU, or the capped benches) plans from the cap
+    it has left, not from the driver's free memory: the allocator refuses past the cap, counting what it reserved."""
+    from comfyui_h3.backend.device_memory import cuda_free_bytes
+
+    gib = 2**30
+    state = {"fraction": 1.0}
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * gib, 140 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 4 * gib)
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: state["fraction"],
+                        raising=False)
+    assert cuda_free_bytes("cuda:0") == 100 * gib  # no cap: the driver's figure
+    state["fraction"] = 24 / 140
+    assert cuda_free_bytes("cuda:0") == 20 * gib  # a 24 GiB cap with 4 GiB reserved
+    state["fraction"] = 2 / 140
+    assert cuda_free_bytes("cuda:0") == 0  # already past the cap
