@@ -2,8 +2,10 @@
 x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 = 983,808 DiT tokens.
 
     python bench/seedvr2.py attention [--variant 3b] [--frames 241] [--json OUT]
-    python bench/seedvr2.py dit [--naive]          # our DiT step vs a straightforward port of the official forward
-    python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory [--vae-tile PX]
+    python bench/seedvr2.py dit [--naive] [--fp8]  # our DiT step vs a straightforward port of the official forward
+    python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
+        [--size WxH] [--vae-tile PX | ENC DEC] [--memory-gib G] [--resident-blocks all|auto|N] [--fp8]
+        [--save F.pt | --compare F.pt]             # a smaller card (capped memory), streamed blocks, equality
     python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
     python bench/seedvr2.py sp --pipeline --world 2   # the whole upscale on N GPUs (VAE spread too): stages, peak per rank
     python bench/seedvr2.py vae_tiling --tiles 1024 512   # tiled vs whole VAE: error, time, peak; --tiny on the CPU
@@ -13,7 +15,9 @@ Stages print one JSON line each (also appended to --json)."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
 import sys
 import time
@@ -138,15 +142,26 @@ def stage_dit(args) -> None:
                           speedup=round(ms_n / ms, 3), rel_err_vs_naive=rel_err(ours, ref))
         except torch.cuda.OutOfMemoryError as exc:
             record.update(naive="out of memory: " + str(exc).splitlines()[0][:120])
+    if args.fp8:  # the same weights' GEMMs in float8 e4m3 (_scaled_mm): time, peak and error against the bf16 step
+        for block in dit.blocks:
+            block.use_fp8_gemms(emulate=False)
+        torch.cuda.empty_cache()
+        fp8_weights_gib = torch.cuda.memory_allocated() / 2**30
+        ms_f, peak_f = timed(lambda: dit(vid, txt, 1000.0), args.iters, warmup=1)
+        record.update(fp8_s=round(ms_f / 1000, 3), fp8_peak_gib=round(peak_f, 2),
+                      fp8_weights_gib=round(fp8_weights_gib, 2), fp8_speedup=round(ms / ms_f, 3),
+                      fp8_rel_err_vs_bf16=rel_err(dit(vid, txt, 1000.0), ours))
     emit(args, record)
 
 
 # ---- whole upscale -------------------------------------------------------------------------------------------------
 
 class _Components:
-    """What SeedVR2Pipeline reads of its components, built from random full-size modules (no files)."""
+    """What SeedVR2Pipeline reads of its components, built from random full-size modules (no files). `resident`:
+    "all" (every weight on the device) or the offload placement's resident blocks ("auto" or a number);
+    `storage` "fp8": the blocks' GEMM weights as float8 e4m3 (components.py's two paths, without the files)."""
 
-    def __init__(self, variant, dev, dtype, vae_dtype):
+    def __init__(self, variant, dev, dtype, vae_dtype, resident="all", storage="compute"):
         from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
 
         self.device, self.dtype, self.vae_dtype = dev, dtype, vae_dtype
@@ -157,6 +172,19 @@ class _Components:
         self.vae = self.vae.to(vae_dtype).eval().requires_grad_(False)
         self.text = torch.randn((TXT_LEN, self.dit.config.txt_dim), device=dev, dtype=dtype)
         self.config = self.dit.config
+        self.placement = None
+        if resident == "all":
+            if storage == "fp8":
+                for block in self.dit.blocks:
+                    block.use_fp8_gemms(emulate=False)
+            return
+        from comfyui_h3.backend.pipelines.seedvr2.placement import SeedVR2Placement
+
+        self.dit.blocks.cpu()
+        self.vae.cpu()
+        torch.cuda.empty_cache()
+        self.placement = SeedVR2Placement(self.dit, self.vae, dev, None if resident == "auto" else int(resident),
+                                          storage)
 
 
 def smooth_video(frames: int, height: int, width: int) -> torch.Tensor:
@@ -183,6 +211,32 @@ def _announce(owner, name: str) -> None:
     setattr(owner, name, timed_call)
 
 
+def _cap_memory(dev, gib: float) -> dict:
+    """Cap this process at `gib` of device memory in all, as a card of that size would hold it: the allocator's
+    share is what remains after what lives outside it (the CUDA context, cuBLAS and cuDNN handles), measured now."""
+    torch.ones(64, 64, device=dev) @ torch.ones(64, 64, device=dev)  # the handles exist before the measurement
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(dev)
+    outside = (total - free) - torch.cuda.memory_reserved(dev)
+    allocator = gib * 2**30 - outside
+    torch.cuda.set_per_process_memory_fraction(allocator / total, dev)
+    return {"memory_cap_gib": gib, "outside_allocator_gib": round(outside / 2**30, 2),
+            "allocator_cap_gib": round(allocator / 2**30, 2)}
+
+
+def _compare_frames(ref_path: str, frames: torch.Tensor) -> dict:
+    ref = torch.load(ref_path)
+    if ref.shape != frames.shape:
+        return {"compare": ref_path, "shapes_differ": [list(ref.shape), list(frames.shape)]}
+    diff = (ref.to(torch.int16) - frames.to(torch.int16)).abs()
+    mse = diff.double().pow(2).mean().item()
+    return {"compare": ref_path, "bitwise_equal": bool(torch.equal(ref, frames)), "max_abs_diff": int(diff.max()),
+            "mean_abs_diff": round(diff.double().mean().item(), 4),
+            "psnr_db": round(10 * math.log10(255 ** 2 / mse), 2) if mse else None,
+            "frames_differing": int((diff.flatten(1).amax(1) > 0).sum())}
+
+
 def stage_pipeline(args) -> None:
     from comfyui_h3.backend.attention.registry import get_backend
     from comfyui_h3.backend.parallel.context import SINGLE
@@ -190,7 +244,9 @@ def stage_pipeline(args) -> None:
     from comfyui_h3.backend.pipelines.seedvr2.request import UpscaleRequest
 
     dev = torch.device("cuda")
-    comps = _Components(args.variant, dev, torch.bfloat16, torch.bfloat16)
+    comps = _Components(args.variant, dev, torch.bfloat16, torch.bfloat16, args.resident_blocks,
+                        "fp8" if args.fp8 else "compute")
+    cap = _cap_memory(dev, args.memory_gib) if args.memory_gib else {}
 
     class Runtime:
         parallel = SINGLE
@@ -200,19 +256,33 @@ def stage_pipeline(args) -> None:
     for owner, name in ((comps.vae, "encode"), (comps.vae, "decode"), (comps, "dit")):
         _announce(owner, name)  # a line per stage as it ends: a run cut short still says where the time went
     video = smooth_video(args.frames, args.height, args.width)
+    size = dict(zip(("width", "height"), map(int, args.size.split("x")))) if args.size else {}
+    vae_tile = tuple(args.vae_tile) if len(args.vae_tile) == 2 else args.vae_tile[0]
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    req = UpscaleRequest(video, scale=args.scale, batch_frames=args.batch_frames, overlap=8, timings=True,
-                         vae_tile=args.vae_tile)
-    geometry, plan, _ = pipe.plan(req)
+    req = UpscaleRequest(video, scale=None if size else args.scale, **size, batch_frames=args.batch_frames,
+                         overlap=8, timings=True, vae_tile=vae_tile)
+    geometry, plan, memory = pipe.plan(req)
+    print(f"  plan: batch {plan.batch} x {plan.count}, VAE tiles {memory.vae_tiles}", flush=True)
     res = pipe.run(req)
     wall = time.perf_counter() - t0
-    emit(args, {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
-                "output": list(res.frames.shape), "batches": res.batches, "batch_frames": plan.batch,
-                "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
+    frames = res.frames
+    record = {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
+              "output": list(frames.shape), "batches": res.batches, "batch_frames": plan.batch,
+              "vae_tiles": list(memory.vae_tiles), "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
+              "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in res.timings.items()},
-                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
+              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+              "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+              "frames_sha256": hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()[:16]}
+    if comps.placement is not None:
+        record["placement"] = comps.placement.report()
+    if args.compare:
+        record.update(_compare_frames(args.compare, frames))
+    if args.save:
+        torch.save(frames, args.save)
+    emit(args, record)
 
 
 # ---- window SP over several GPUs -----------------------------------------------------------------------------------
@@ -237,9 +307,7 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=dev)
     if args.pipeline:
         _sp_pipeline(rank, world, args, dev)
-        dist.barrier()  # gloo aborts a peer whose connection closes mid-read
-        dist.destroy_process_group()
-        return
+        _leave_group()
     dtype = torch.bfloat16
     grid = grid_for(args.frames, args.height, args.width, args.scale)
     dit = random_dit(args.variant, dev, dtype)
@@ -281,8 +349,21 @@ def _sp_rank(rank: int, world: int, args, port: int) -> None:
             record.update(single_s=round(single[0], 3), single_peak_gib=round(single[1], 2),
                           speedup=round(single[0] / record["sp_s"], 3), rel_err_vs_single=rel_err(out.cpu(), ref))
         emit(args, record)
-    dist.barrier()  # gloo aborts a peer whose connection closes mid-read
+    _leave_group()
+
+
+def _leave_group() -> None:
+    """Leave the group and end the rank's process here. The barrier: gloo aborts a peer whose connection closes
+    mid-read. os._exit: the process's static destructors can meet a communication thread still joinable and abort
+    the rank ("terminate called without an active exception", SIGABRT) after its work is done; nothing is left to
+    run that needs them."""
+    import torch.distributed as dist
+
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _sp_pipeline(rank: int, world: int, args, dev) -> None:
@@ -471,7 +552,15 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU; sp --pipeline: the "
                     "tiny files on gloo CPU ranks (smoke runs)")
     ap.add_argument("--pipeline", action="store_true", help="sp: the whole upscale (the VAE spread over the ranks too)")
-    ap.add_argument("--vae-tile", type=int, default=0, help="pipeline: the request's VAE tile (px; 0 = off)")
+    ap.add_argument("--vae-tile", type=int, nargs="+", default=[0],
+                    help="pipeline: the request's VAE tile (px; 0 = auto), or encode and decode tiles")
+    ap.add_argument("--size", help="pipeline: the output's WIDTHxHEIGHT (instead of --scale), e.g. 1920x1080")
+    ap.add_argument("--memory-gib", type=float, default=0.0,
+                    help="pipeline: cap the process at this much device memory in all (0: the whole GPU)")
+    ap.add_argument("--resident-blocks", default="all", help="pipeline: all, auto or a number (the offload placement)")
+    ap.add_argument("--fp8", action="store_true", help="pipeline / dit: the blocks' GEMM weights as FP8")
+    ap.add_argument("--save", help="pipeline: torch.save the output frames here")
+    ap.add_argument("--compare", help="pipeline: compare the output frames with a --save'd file")
     args = ap.parse_args()
     {"attention": stage_attention, "dit": stage_dit, "pipeline": stage_pipeline, "sp": stage_sp,
      "vae_tiling": stage_vae_tiling}[args.stage](args)
