@@ -11,6 +11,8 @@ def cuda_free_bytes(device: torch.device | str | int) -> int:
     returned, and no more than a cap set with torch.cuda.set_per_process_memory_fraction leaves (the driver does not
     know that cap; the allocator refuses past it, counting the memory it has reserved)."""
     device = torch.device(device)
+    if device.index is None:  # the cap functions want an index; "cuda" means the current device
+        device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)  # torch >= 2.8

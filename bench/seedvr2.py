@@ -196,16 +196,27 @@ def smooth_video(frames: int, height: int, width: int) -> torch.Tensor:
     return (torch.stack(chans, -1) * 255).round().to(torch.uint8)
 
 
+STAGE_PEAKS: dict = {}  # stage -> (the most allocated during any call of it, held when one started), GiB
+RUN_PEAK = [0]  # bytes: the most allocated in the run (the per-stage resets hide it from max_memory_allocated)
+
+
 def _announce(owner, name: str) -> None:
     inner = getattr(owner, name)
 
     def timed_call(*a, **k):
         torch.cuda.synchronize()
+        RUN_PEAK[0] = max(RUN_PEAK[0], torch.cuda.max_memory_allocated())
+        held = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         out = inner(*a, **k)
         torch.cuda.synchronize()
-        print(f"  {name}: {time.perf_counter() - t0:.2f} s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
-              flush=True)
+        peak = torch.cuda.max_memory_allocated()
+        RUN_PEAK[0] = max(RUN_PEAK[0], peak)
+        prev = STAGE_PEAKS.get(name, (0.0, 0.0))
+        STAGE_PEAKS[name] = (max(prev[0], round(peak / 2**30, 2)), max(prev[1], round(held / 2**30, 2)))
+        print(f"  {name}: {time.perf_counter() - t0:.2f} s, peak {peak / 2**30:.1f} GiB (held at start "
+              f"{held / 2**30:.1f})", flush=True)
         return out
 
     setattr(owner, name, timed_call)
@@ -220,7 +231,8 @@ def _cap_memory(dev, gib: float) -> dict:
     free, total = torch.cuda.mem_get_info(dev)
     outside = (total - free) - torch.cuda.memory_reserved(dev)
     allocator = gib * 2**30 - outside
-    torch.cuda.set_per_process_memory_fraction(allocator / total, dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()  # the cap wants an index
+    torch.cuda.set_per_process_memory_fraction(allocator / total, index)
     return {"memory_cap_gib": gib, "outside_allocator_gib": round(outside / 2**30, 2),
             "allocator_cap_gib": round(allocator / 2**30, 2)}
 
@@ -235,6 +247,16 @@ def _compare_frames(ref_path: str, frames: torch.Tensor) -> dict:
             "mean_abs_diff": round(diff.double().mean().item(), 4),
             "psnr_db": round(10 * math.log10(255 ** 2 / mse), 2) if mse else None,
             "frames_differing": int((diff.flatten(1).amax(1) > 0).sum())}
+
+
+def _estimates(pipe, geometry, plan, memory) -> dict:
+    """The memory check's per-stage activation estimate for the planned batch (weights not included), GiB."""
+    from comfyui_h3.backend.pipelines.seedvr2.memory import batch_memory, vae_scale
+
+    c = pipe.c
+    need = batch_memory(c.config, plan.batch, *geometry.model, *geometry.source, torch.finfo(c.dtype).bits // 8,
+                        torch.finfo(c.vae_dtype).bits // 8, 1, memory.vae_tiles, vae_scale=vae_scale(c.vae.config))
+    return {k: round(getattr(need, k) / 2**30, 2) for k in ("dit", "encode", "decode")}
 
 
 def stage_pipeline(args) -> None:
@@ -273,7 +295,8 @@ def stage_pipeline(args) -> None:
               "vae_tiles": list(memory.vae_tiles), "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
               "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in res.timings.items()},
-              "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+              "peak_gib": round(max(RUN_PEAK[0], torch.cuda.max_memory_allocated()) / 2**30, 2),
+              "stage_peak_and_held_gib": STAGE_PEAKS, "estimate_gib": _estimates(pipe, geometry, plan, memory),
               "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
               "frames_sha256": hashlib.sha256(frames.contiguous().numpy().tobytes()).hexdigest()[:16]}
     if comps.placement is not None:

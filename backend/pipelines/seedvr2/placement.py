@@ -78,14 +78,16 @@ class SeedVR2Placement:
 
     # ---- the stages ------------------------------------------------------------------------------------------------
     def enter_vae(self) -> None:
-        """An encode or decode starts: the VAE on the device, the DiT's blocks off first if it needs their room."""
-        if self.vae.on_device:
-            return
-        if self.dit.device_bytes() and self.free_bytes() < self.vae.nbytes + self.activation["vae"]:
+        """An encode or decode starts: the VAE on the device, the DiT's blocks off first if the stage needs their
+        room. Checked also when the VAE stayed on the device through the DiT stage: auto's resident blocks filled
+        the room beside the DiT's activations, which a VAE stage (tiles sized to the budget) may need."""
+        need = self.activation["vae"] + (0 if self.vae.on_device else self.vae.nbytes)
+        if self.dit.device_bytes() and self.free_bytes() < need:
             self.dit.offload_all()
             self.moves["dit_offloads"] += 1
-        self.vae.to_device()
-        self.moves["vae_in"] += 1
+        if not self.vae.on_device:
+            self.vae.to_device()
+            self.moves["vae_in"] += 1
 
     def enter_dit(self) -> dict:
         """The DiT stage starts: plan its resident blocks, sending the VAE to the host when the DiT's minimum does not

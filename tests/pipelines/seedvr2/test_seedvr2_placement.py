@@ -127,6 +127,25 @@ def test_auto_keeps_as_many_blocks_as_fit_beside_the_activation(tiny):
     assert device.free() >= activation
 
 
+def test_a_vae_stage_takes_back_the_room_auto_gave_the_dit_while_the_vae_stayed(tiny):
+    """A batch's decode after a DiT stage whose auto resident blocks filled the room beside a small DiT activation
+    (the VAE stayed on the device through it): the decode's larger activation gets that room back (the capped H100
+    run that ran out of memory in its decode tiles before this)."""
+    probe, _ = _placement(tiny, 1 << 40)
+    block, vae = probe.dit.block_bytes, probe.vae.nbytes
+    dit_act, vae_act = 2 * block, 6 * block
+    total = vae + vae_act + probe.dit.device_bytes_for(0) + 64  # the check's room: the larger stage
+    placement, device = _placement(tiny, total)
+    placement.plan_request(dit_act, vae_act)
+    placement.enter_vae()  # encode
+    assert device.free() >= vae_act
+    plan = placement.enter_dit()
+    assert plan["resident_blocks"] >= 1 and placement.vae.on_device  # auto used the room the DiT had spare
+    assert device.free() >= dit_act
+    placement.enter_vae()  # decode: the VAE is on the device already, its room is not
+    assert device.free() >= vae_act and placement.moves["dit_offloads"] == 1
+
+
 def test_a_fixed_count_is_kept_whatever_the_memory(tiny):
     placement, _ = _placement(tiny, 1 << 40, resident=2)
     placement.plan_request(1, 1)
@@ -351,10 +370,16 @@ def test_free_device_memory_honours_a_per_process_cap(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * gib, 140 * gib))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 4 * gib)
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: state["fraction"],
-                        raising=False)
+    def fraction(device=None):  # torch's wants an index (ValueError for a bare "cuda")
+        if not isinstance(device, int) and torch.device(device).index is None:
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        return state["fraction"]
+
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", fraction, raising=False)
     assert cuda_free_bytes("cuda:0") == 100 * gib  # no cap: the driver's figure
     state["fraction"] = 24 / 140
     assert cuda_free_bytes("cuda:0") == 20 * gib  # a 24 GiB cap with 4 GiB reserved
     state["fraction"] = 2 / 140
     assert cuda_free_bytes("cuda:0") == 0  # already past the cap
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert cuda_free_bytes("cuda") == 0  # "cuda" (no index) is the current device: the cap functions want one
