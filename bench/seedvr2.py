@@ -200,8 +200,10 @@ STAGE_PEAKS: dict = {}  # stage -> (the most allocated during any call of it, he
 RUN_PEAK = [0]  # bytes: the most allocated in the run (the per-stage resets hide it from max_memory_allocated)
 
 
-def _announce(owner, name: str) -> None:
+def _announce(owner, name: str, stage: str | None = None) -> None:
+    """Wrap `owner.name` to print and record (as `stage`, default `name`) its time and memory peak per call."""
     inner = getattr(owner, name)
+    stage = stage or name
 
     def timed_call(*a, **k):
         torch.cuda.synchronize()
@@ -213,9 +215,9 @@ def _announce(owner, name: str) -> None:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
         RUN_PEAK[0] = max(RUN_PEAK[0], peak)
-        prev = STAGE_PEAKS.get(name, (0.0, 0.0))
-        STAGE_PEAKS[name] = (max(prev[0], round(peak / 2**30, 2)), max(prev[1], round(held / 2**30, 2)))
-        print(f"  {name}: {time.perf_counter() - t0:.2f} s, peak {peak / 2**30:.1f} GiB (held at start "
+        prev = STAGE_PEAKS.get(stage, (0.0, 0.0))
+        STAGE_PEAKS[stage] = (max(prev[0], round(peak / 2**30, 2)), max(prev[1], round(held / 2**30, 2)))
+        print(f"  {stage}: {time.perf_counter() - t0:.2f} s, peak {peak / 2**30:.1f} GiB (held at start "
               f"{held / 2**30:.1f})", flush=True)
         return out
 
@@ -235,6 +237,16 @@ def _cap_memory(dev, gib: float) -> dict:
     torch.cuda.set_per_process_memory_fraction(allocator / total, index)
     return {"memory_cap_gib": gib, "outside_allocator_gib": round(outside / 2**30, 2),
             "allocator_cap_gib": round(allocator / 2**30, 2)}
+
+
+def _forced_tiles(tiles: tuple[int, int]):
+    """plan_memory that checks and plans the given (encode, decode) tiles, as auto would have chosen them."""
+    from comfyui_h3.backend.pipelines.seedvr2.memory import MemoryPlan, check_fits
+
+    def plan_memory(*args, auto_tiles=True, **model):
+        return MemoryPlan(check_fits(*args[:-1], tiles, **model), tiles)
+
+    return plan_memory
 
 
 def _compare_frames(ref_path: str, frames: torch.Tensor) -> dict:
@@ -275,11 +287,18 @@ def stage_pipeline(args) -> None:
         attention = get_backend("sdpa")
 
     pipe = SeedVR2Pipeline(comps, Runtime())
-    for owner, name in ((comps.vae, "encode"), (comps.vae, "decode"), (comps, "dit")):
-        _announce(owner, name)  # a line per stage as it ends: a run cut short still says where the time went
+    from comfyui_h3.backend.pipelines.seedvr2 import pipeline as pipeline_module, restore
+
+    # A line per stage as it ends: a run cut short still says where the time went. A batch's VAE runs either the
+    # whole pass (vae.encode / vae.decode) or the tiled one (restore's tiled_encode / tiled_decode), never both.
+    for owner, name, stage in ((comps.vae, "encode", None), (comps.vae, "decode", None), (comps, "dit", None),
+                               (restore, "tiled_encode", "encode"), (restore, "tiled_decode", "decode")):
+        _announce(owner, name, stage)
     video = smooth_video(args.frames, args.height, args.width)
     size = dict(zip(("width", "height"), map(int, args.size.split("x")))) if args.size else {}
-    vae_tile = tuple(args.vae_tile) if len(args.vae_tile) == 2 else args.vae_tile[0]
+    vae_tile = args.vae_tile[0]
+    if len(args.vae_tile) == 2:  # requests take one tile; another run's automatic (encode, decode) pair is forced
+        pipeline_module.plan_memory = _forced_tiles(tuple(args.vae_tile))
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
