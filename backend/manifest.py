@@ -42,7 +42,8 @@ def new_manifest() -> dict:
                    "weights": {},  # the weight policy: storage, placement, resident_blocks (None: auto or all)
                    "placement": None,  # the offload placement's last plan and weight moves, where a family
                    # reports them (SeedVR2: resident / streamed DiT blocks, VAE moves); None: resident
-                   "executor": None, "load_s": None},
+                   "executor": None, "load_s": None,
+                   "loras": []},  # each LoRA merged into the DiT: file, sha256, strength, adaln_strength
         "stages": {key: ([] if key == "denoise_steps_s" else None) for key in STAGE_KEYS},
         "extra_stages": {},  # a family's own stage seconds (SeedVR2: prepare / encode / dit / decode / colour fix)
         "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (this request's; None on CPU),

@@ -16,6 +16,7 @@ Forward contract (one packed request; the batch axis replicates one layout):
 from __future__ import annotations
 
 import os
+from typing import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -443,10 +444,12 @@ def load_h3_transformer(
     fuse: bool = True,
     storage: str = "compute",
     adapter: str | os.PathLike | None = None,
+    loras: Sequence = (),
 ) -> H3Transformer:
     """Build on the meta device (no host copy of 33B params), then assign the checkpoint's tensors strictly.
     `adapter`: a FastH3 student's adapter file (models/fasth3.py), fused into the weights right after they load
-    (before the QKV fusion and any FP8 quantisation), its learned VSA gates installed.
+    (before the QKV fusion and any FP8 quantisation), its learned VSA gates installed; `loras`: LoraChoice
+    (models/lora.py), merged after it in that order.
 
     dtype None keeps the stored mixed precision; otherwise every tensor but the float32 modules is cast to it.
     storage (runtime.WeightPolicy): "compute" as loaded; "fp8" / "fp8_emulated" the blocks' GEMM weights quantised
@@ -467,7 +470,7 @@ def load_h3_transformer(
         return torch.float32 if key.startswith(FP32_MODULE_PREFIXES) else dtype
 
     load_into(model, folder, device=device, dtype_for=dtype_for)
-    return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
+    return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter, loras=loras)
 
 
 def check_storage(storage: str, device) -> None:
@@ -481,13 +484,17 @@ def check_storage(storage: str, device) -> None:
 
 
 def finish_loading(model: H3Transformer, cfg: H3TransformerConfig, device, fuse: bool = True,
-                   storage: str = "compute", adapter: str | os.PathLike | None = None) -> H3Transformer:
+                   storage: str = "compute", adapter: str | os.PathLike | None = None,
+                   loras: Sequence = ()) -> H3Transformer:
     """After the weights are in (from a folder, or a native single file: models/native_load.py): the student's
-    adapter, the rotary table, the fused QKV and the FP8 storage."""
+    adapter, the LoRAs (model.loras: their manifest entries), the rotary table, the fused QKV and the FP8 storage."""
     if adapter is not None:
         from .fasth3 import fuse_adapter, read_adapter
 
         fuse_adapter(model, read_adapter(adapter))
+    from .lora import merge_loras
+
+    model.loras = merge_loras(model, loras)
     model.rope_inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     if fuse:
         model.fuse_projections()

@@ -189,7 +189,7 @@ def _check_rope(nf: NativeFile, cfg) -> None:
 
 def load_native_transformer(path, base_config: str | os.PathLike | None = None, device="cpu",
                             dtype: torch.dtype | None = None, attention="sdpa", fuse: bool = True,
-                            storage: str = "compute", adapter=None):
+                            storage: str = "compute", adapter=None, loras=()):
     """Our H3Transformer from a native DiT file (bf16/fp16/fp32, or FP8 dequantised per tensor as it loads).
     `base_config`: a transformer config.json for what shapes do not say (None: the release's values). The rest as
     h3_transformer.load_h3_transformer."""
@@ -230,7 +230,7 @@ def load_native_transformer(path, base_config: str | os.PathLike | None = None, 
         finite.verify()
         model.load_state_dict(state, strict=True, assign=True)
     del state
-    return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter)
+    return finish_loading(model, cfg, device, fuse=fuse, storage=storage, adapter=adapter, loras=loras)
 
 
 # -- the text encoder --------------------------------------------------------------------------------------------------

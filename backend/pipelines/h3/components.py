@@ -165,6 +165,7 @@ class EngineOptions:
     adaln: str = "direct"  # WeightPolicy.adaln: "cache" holds AdaLN tables instead of projection weights
     weight_storage: str = "compute"  # WeightPolicy.storage: "fp8" quantises the DiT blocks' GEMM weights at load
     student: str | None = None  # a FastH3 adapter file, fused into transformer/ at load (models/fasth3.py)
+    loras: tuple = ()  # LoraChoice (models/lora.py), merged into every DiT partition at load, after the student
     files: tuple = ()  # (component, native single file) pairs replacing the folder's weights (models/native_load.py)
 
 
@@ -305,9 +306,9 @@ class H3Components:
             config = self.folder / name / "config.json"
             return load_native_transformer(self.files[name], config if config.is_file() else None, device,
                                            self.options.dtype, self.options.attention, storage=storage,
-                                           adapter=self._student(name))
+                                           adapter=self._student(name), loras=self.options.loras)
         return load_h3_transformer(self.folder / name, device, self.options.dtype, self.options.attention,
-                                   storage=storage, adapter=self._student(name))
+                                   storage=storage, adapter=self._student(name), loras=self.options.loras)
 
     def _student(self, partition: str) -> str | None:
         return self.options.student if partition == "transformer" else None

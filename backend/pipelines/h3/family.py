@@ -21,6 +21,7 @@ class H3Options:
     reference_image_short_edge: int | None = None  # None: the model folder's setting, else 2048
     student: str | None = None  # a FastH3 adapter file fused into transformer/ at load (models/fasth3.py)
     files: tuple = ()  # sorted (component, path) pairs: ComfyUI native single files replacing the folder's weights
+    loras: tuple = ()  # LoraChoice (models/lora.py) in the order they merge, into every DiT partition at load
 
 
 NATIVE_COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "audio_vae")
@@ -28,10 +29,11 @@ NATIVE_COMPONENTS = ("transformer", "transformer_ref", "text_encoder", "vae", "a
 
 def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "float32", compile: str = "auto",
               reference_image_short_edge: int | None = None, student: str | None = None,
-              files: dict[str, str] | None = None, **engine) -> EngineConfig:
+              files: dict[str, str] | None = None, loras=(), **engine) -> EngineConfig:
     """An engine config for an H3 model folder. `dtype`: the DiT's and text encoder's compute dtype; `student`: a
     FastH3 adapter file (or its folder); `files`: {component: ComfyUI native single file} for components whose
-    weights come from such a file (NATIVE_COMPONENTS; the folder gives their configs); `engine`: EngineConfig's own
+    weights come from such a file (NATIVE_COMPONENTS; the folder gives their configs); `loras`: LoraChoice, or
+    (file, strength) / (file, strength, adaln_strength) tuples (models/lora.py); `engine`: EngineConfig's own
     fields (device, world_size, executor, ray_address, attention, cpu_threads, weights: a WeightPolicy or an
     H3WeightPolicy, ...)."""
     if student:
@@ -42,7 +44,11 @@ def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "floa
     if unknown:
         raise ValueError(f"Unknown component(s) {unknown} for single files; use {', '.join(NATIVE_COMPONENTS)}.")
     pairs = tuple(sorted((k, os.path.abspath(os.path.expanduser(v))) for k, v in (files or {}).items() if v))
-    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None, pairs)
+    from ...models.lora import LoraChoice, lora_choice
+
+    chosen = tuple(c if isinstance(c, LoraChoice) else lora_choice(*c) for c in loras)
+    options = H3Options(str(model_dir), vae_dtype, compile, reference_image_short_edge, student or None, pairs,
+                        chosen)
     weights = H3WeightPolicy.of(engine.pop("weights", None))  # H3's own fields beside the shared ones
     return EngineConfig("h3", options, compute_dtype=dtype, weights=weights, **engine)
 
@@ -84,6 +90,26 @@ class H3Family:
         check_fp8_config(config)
         if o.student:
             self._check_student(config)
+        if o.loras:
+            self._check_loras(o)
+
+    @staticmethod
+    def _check_loras(o: H3Options) -> None:
+        """Each LoRA's header against every DiT partition the folder configures (no weights read): a file for
+        another model, or whose shapes do not fit, is refused before any worker starts. A partition from a native
+        file is checked at load, against the shapes the file gives."""
+        from ...models.checkpoint import meta_shapes
+        from ...models.h3_transformer import H3Transformer, H3TransformerConfig
+        from ...models.lora import read_lora
+
+        for part in ("transformer", "transformer_ref"):
+            path = os.path.join(o.model_dir, part, "config.json")
+            if part in dict(o.files) or not os.path.isfile(path):
+                continue
+            cfg = H3TransformerConfig.from_json(path)
+            shapes = meta_shapes(lambda: H3Transformer(cfg))
+            for choice in o.loras:
+                read_lora(choice.path, shapes)
 
     @staticmethod
     def _check_files(o: H3Options) -> None:
@@ -180,6 +206,7 @@ class H3Family:
             resident_blocks=runtime.weights.resident_blocks,
             weight_storage=runtime.weights.storage,
             student=options.student,
+            loras=options.loras,
             files=options.files,
         )
         return H3Pipeline(H3Components(options.model_dir, engine_options), runtime.parallel, runtime.attention)
