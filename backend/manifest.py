@@ -164,7 +164,7 @@ def engine_part(manifest: dict, config, load_s: float | None) -> dict:
         family=config.family, devices=list(config.devices()), sp_degree=int(config.world_size),
         attention=str(config.attention), compute_dtype=config.compute_dtype,
         weights=asdict(weights) if is_dataclass(weights) else dict(weights), executor=config.executor,
-        load_s=load_s)
+        load_s=load_s, loras=[c.record() for c in getattr(config.options, "loras", ())])
     manifest["versions"] = versions()
     return manifest
 

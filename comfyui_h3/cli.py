@@ -93,6 +93,10 @@ def _model_option(p) -> None:
                         "--attention vsa; or dense-datafree), fused into transformer/ at load; 'tiny': the built-in "
                         "test student for the tiny model. generate then samples text-to-video on its 4-step "
                         "schedule.")
+    p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
+                   help="A LoRA (.safetensors: diffusers / PEFT, kohya or ComfyUI-native keys) merged into the DiT "
+                        "at load, at STRENGTH (default 1); repeat to stack several, in order. 'tiny': the built-in "
+                        "test LoRA for the tiny model.")
     p.add_argument("--fp8", action="store_true",  # the weights option's fp8 (bf16 without the flag)
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "

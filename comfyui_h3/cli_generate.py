@@ -133,6 +133,21 @@ def attention_spec(args):
     return options.engine_attention(**attention_flags(args))
 
 
+def lora_choices(args) -> list:
+    """--lora FILE[:STRENGTH] (repeatable; 'tiny' the built-in test LoRA) -> (file, strength) pairs, in order."""
+    from .backend.models.lora import parse_lora_arg
+
+    pairs = []
+    for text in getattr(args, "lora", None) or ():
+        path, strength = parse_lora_arg(text)
+        if path == "tiny":
+            from .tiny_model import ensure_tiny_lora
+
+            path = str(ensure_tiny_lora())
+        pairs.append((path, strength))
+    return pairs
+
+
 def student_file(args) -> str | None:
     """--fasth3: None, the built-in tiny student ('tiny'), or the adapter file / folder given."""
     student = getattr(args, "fasth3", None)
@@ -169,7 +184,7 @@ def run_on_engine(args, model_dir: str, request, desc: str, status=None, on_canc
         model_dir, **attention_flags(args), adaln_cache=getattr(args, "adaln_cache", False),
         weights="fp8" if getattr(args, "fp8", False) else "bf16",
         resident_blocks=getattr(args, "resident_blocks", "all"), device=args.device, dtype=dtype,
-        student=student_file(args), files=native_file_args(args)))
+        student=student_file(args), files=native_file_args(args), loras=lora_choices(args)))
     reporter = services.ProgressReporter(request.steps, desc=desc)
     try:
         def progress(done, total):

@@ -8,6 +8,7 @@ from .nodes.extend import H3Extend
 from .nodes.load_image import H3LoadImage
 from .nodes.load_video import H3LoadVideo, H3VideoComponents
 from .nodes.loader import H3ModelLoader
+from .nodes.lora import H3LoRA
 from .nodes.mask_draw import H3MaskDraw
 from .nodes.mask_preview import H3MaskPreview
 from .nodes.preview_video import H3PreviewVideo
@@ -35,6 +36,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_SeedVR2Loader": H3SeedVR2Loader,
     "H3_SeedVR2Upscale": H3SeedVR2Upscale,
     "H3_TrackMask": H3TrackMask,
+    "H3_LoRA": H3LoRA,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -51,6 +53,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_SeedVR2Loader": "SeedVR2 Model Loader",
     "H3_SeedVR2Upscale": "SeedVR2 Upscale",
     "H3_TrackMask": "H3 Track Mask",
+    "H3_LoRA": "H3 LoRA",
 }
 WEB_DIRECTORY = "./js"
 

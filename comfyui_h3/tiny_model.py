@@ -100,6 +100,25 @@ def ensure_tiny_student(variant: str = "vsa-datafree", target: str | os.PathLike
     return target
 
 
+TINY_LORA_NAME = "tiny-h3-lora (built-in test LoRA for the tiny model)"
+
+
+def ensure_tiny_lora(target: str | os.PathLike | None = None) -> Path:
+    """A random rank-4 kohya-layout LoRA over every block of the tiny H3 set (backend/models/lora_write.py):
+    <cache>/tiny-h3-lora/tiny-h3-lora.safetensors, built if absent (written beside and renamed into place)."""
+    from .backend.models.lora_write import make_random_lora
+
+    target = Path(target) if target else cache_dir() / "tiny-h3-lora" / "tiny-h3-lora.safetensors"
+    if not target.is_file():
+        with _building("LoRA", target.parent):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                make_random_lora(target)
+            except FileExistsError:  # another process built it meanwhile
+                pass
+    return target
+
+
 TINY_SEEDVR2_NAME = "tiny-seedvr2 (built-in test model, makes noise)"
 
 

@@ -120,7 +120,51 @@ def write_lora(path: str | os.PathLike, factors: Mapping[str, tuple], layout: st
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists; write the LoRA to a new file.")
     tensors, metadata = lora_tensors(factors, layout, our_keys, alphas, diffs)
-    tmp = path + ".partial"
-    save_file(tensors, tmp, metadata=metadata or None)
-    os.replace(tmp, path)
+    tmp = f"{path}.{os.getpid()}.partial"  # never seen as complete until renamed
+    try:
+        save_file(tensors, tmp, metadata=metadata or None)
+        if os.path.exists(path):
+            raise FileExistsError(f"{path} appeared while the LoRA was written; it is left as it is.")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return path
+
+
+LOW_RANK_MODULES = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "ff.net.0.proj", "ff.net.2",
+                    "adaln_proj.linear")
+
+
+def random_lora(shapes, rank: int, seed: int, dtype: torch.dtype = torch.float32, alpha: float | None = None):
+    """(factors, alphas) of a random LoRA on every DiT block's attention, MLP and AdaLN projections (shapes: the
+    model's parameter names -> shapes), as a creator's LoRA over all blocks; A scaled by fan-in and B small so a
+    full-size one keeps the weights finite. `alpha` None: the file stores alpha = rank (scale 1)."""
+    gen = torch.Generator("cpu").manual_seed(seed)
+    blocks = sorted({int(k.split(".")[1]) for k in shapes if k.startswith("transformer_blocks.")})
+    factors, alphas = {}, {}
+    for i in blocks:
+        for m in LOW_RANK_MODULES:
+            module = f"transformer_blocks.{i}.{m}"
+            if f"{module}.weight" not in shapes:
+                continue
+            out_dim, in_dim = shapes[f"{module}.weight"]
+            a = torch.randn(rank, in_dim, generator=gen) * in_dim ** -0.5
+            b = torch.randn(out_dim, rank, generator=gen) * 0.1 * rank ** -0.5
+            factors[module] = (a.to(dtype), b.to(dtype))
+            alphas[module] = float(rank if alpha is None else alpha)
+    return factors, alphas
+
+
+def make_random_lora(out_file: str | os.PathLike, config: dict | None = None, rank: int = 4, seed: int = 2024,
+                     layout: str = "kohya", dtype: torch.dtype = torch.float32) -> str:
+    """A random LoRA for a DiT of `config` (default: the tiny set's transformer; a released config.json's dict
+    gives a full-size one for timing) written to `out_file` in `layout`."""
+    from .checkpoint import meta_shapes
+    from .h3_transformer import H3Transformer, H3TransformerConfig
+    from .tiny import TINY_TRANSFORMER_CONFIG
+
+    cfg = H3TransformerConfig.from_dict(dict(config or TINY_TRANSFORMER_CONFIG))
+    shapes = meta_shapes(lambda: H3Transformer(cfg))
+    factors, alphas = random_lora(shapes, rank, seed, dtype)
+    return write_lora(out_file, factors, layout, shapes, alphas)

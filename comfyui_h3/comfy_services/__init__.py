@@ -14,6 +14,7 @@ below are the implementation:
 - ``device``: :func:`comfy_compute_device`, the device ComfyUI computes on
 - ``models``: model roots, discovery and :func:`resolve_h3_model`
 - ``fasth3_models``: FastH3 student adapter discovery and :func:`resolve_fasth3_adapter`
+- ``lora_files``: LoRA discovery under ComfyUI's loras folders and :func:`resolve_lora`
 - ``native_files``: ComfyUI's native MiniMax-H3 single files (diffusion_models / text_encoders / vae), its Qwen
   tokenizer folder and its NestedTensor
 - ``seedvr2_models``: SeedVR2 DiT / VAE / text-embedding discovery and :func:`resolve_seedvr2_file`
@@ -38,6 +39,7 @@ from .memory import ensure_free_memory_hook, free_comfy_device_memory, log, regi
 from .models import (ENV_MODELS, H3_EXTRA_FOLDER_TYPES, H3_FOLDER_TYPE, MODEL_SCAN_DEPTH, h3_model_dirs,
                      h3_model_roots, is_h3_model_dir, register_h3_model_folder, resolve_h3_model)
 from .fasth3_models import fasth3_adapter_files, resolve_fasth3_adapter
+from .lora_files import ENV_LORAS, lora_files, resolve_lora
 from .native_files import (FROM_FOLDER, comfy_tokenizer_dir, native_files, nested_tensor_class,
                            resolve_native_file)
 from .seedvr2_models import (SEEDVR2_FOLDER_TYPE, SeedVR2FileNotFound, find_seedvr2_text_embedding,
