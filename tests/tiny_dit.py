@@ -23,6 +23,19 @@ def dit_inputs():
             layout.video_indices, layout.audio_indices, layout.text_indices)
 
 
+def folder_state(folder) -> dict:
+    """Every tensor of a model folder's safetensors files, as stored."""
+    import os
+
+    from safetensors.torch import load_file
+
+    state = {}
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors"):
+            state.update(load_file(os.path.join(folder, name)))
+    return state
+
+
 def tiny_dit():
     torch.manual_seed(0)
     model = H3Transformer(H3TransformerConfig(**CFG), attention="math")

@@ -11,12 +11,10 @@ checked when the engine config is (models/fasth3.py).
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Sequence
 
-from ._comfy import _comfy
-from ._fs import _check_relative, _inside, _norm, _unique, find_below, found_under
-from .errors import H3ModelNotFound
+from ._fs import _norm, _unique, find_below, found_under
+from .lora_files import comfy_lora_folders, resolve_listed
 from .models import h3_model_roots
 
 FASTH3_SCAN_DEPTH = 4
@@ -26,14 +24,7 @@ __all__ = ["fasth3_roots", "fasth3_adapter_files", "resolve_fasth3_adapter"]
 
 
 def fasth3_roots() -> List[str]:
-    roots: List[str] = []
-    fp = _comfy("folder_paths")
-    if fp is not None:
-        get = getattr(fp, "get_folder_paths", None)
-        try:
-            roots.extend(get("loras") if get is not None else fp.folder_names_and_paths["loras"][0])
-        except (KeyError, AttributeError, TypeError):
-            pass
+    roots = comfy_lora_folders()
     roots.extend(h3_model_roots())
     return _unique(_norm(r) for r in roots)
 
@@ -51,12 +42,6 @@ def fasth3_adapter_files(roots: Optional[Sequence[str]] = None) -> List[str]:
 
 def resolve_fasth3_adapter(name: str, roots: Optional[Sequence[str]] = None) -> str:
     """Absolute path of a listed adapter name; it never leaves its root ('..' refused)."""
-    parts = _check_relative(str(name).strip(), "FastH3 adapter name")
-    root_list = fasth3_roots() if roots is None else [_norm(r) for r in roots]
-    for root in root_list:
-        candidate = os.path.normpath(os.path.join(root, *parts)) if parts else root
-        if parts and _inside(root, candidate) and os.path.isfile(candidate):
-            return candidate
-    raise H3ModelNotFound(f"FastH3 adapter {name!r} not found under {root_list or '(no roots)'}: put FastVideo's "
-                          "adapter_model.safetensors in a folder named after FastH3 under ComfyUI/models/loras "
-                          "(e.g. loras/FastH3/vsa-datafree/adapter_model.safetensors).")
+    return resolve_listed(name, fasth3_roots() if roots is None else [_norm(r) for r in roots], "FastH3 adapter",
+                          "put FastVideo's adapter_model.safetensors in a folder named after FastH3 under "
+                          "ComfyUI/models/loras (e.g. loras/FastH3/vsa-datafree/adapter_model.safetensors).")

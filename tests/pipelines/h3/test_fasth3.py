@@ -66,11 +66,9 @@ def independent_fusion(base: dict, adapter_file) -> dict:
 
 
 def base_state(tiny_h3_dir) -> dict:
-    state = {}
-    for name in sorted(os.listdir(tiny_h3_dir / "transformer")):
-        if name.endswith(".safetensors"):
-            state.update(load_file(str(tiny_h3_dir / "transformer" / name)))
-    return state
+    from tiny_dit import folder_state
+
+    return folder_state(tiny_h3_dir / "transformer")
 
 
 def test_fusion_equals_base_plus_adapter_computed_independently(tiny_h3_dir, student):

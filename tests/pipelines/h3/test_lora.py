@@ -4,7 +4,6 @@ merged weights; bad files are refused before any step, naming the file and its f
 
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -16,19 +15,13 @@ from comfyui_h3.backend.models.lora import lora_choice, parse_lora_arg, read_lor
 from comfyui_h3.backend.models.lora_write import LAYOUTS, write_lora
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.weights import H3WeightPolicy
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-from tiny_dit import config_inputs  # noqa: E402
+from tiny_dit import config_inputs, folder_state
 
 RANK = 3
 
 
 def base_state(tiny_h3_dir) -> dict:
-    state = {}
-    for name in sorted(os.listdir(tiny_h3_dir / "transformer")):
-        if name.endswith(".safetensors"):
-            state.update(load_file(str(tiny_h3_dir / "transformer" / name)))
-    return state
+    return folder_state(tiny_h3_dir / "transformer")
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +266,76 @@ def test_write_lora_never_replaces_a_file(shapes, tmp_path):
                                         ("C:/x/a.safetensors", ("C:/x/a.safetensors", 1.0))])
 def test_cli_lora_argument(text, want):
     assert parse_lora_arg(text) == want
+
+
+# -- the node and the CLI ---------------------------------------------------------------------------------------------
+
+def test_lora_node_lists_chains_and_refuses(tiny_h3_dir, shapes, tmp_path, monkeypatch):
+    from comfyui_h3.comfy_services.errors import UnsafePathError
+    from comfyui_h3.nodes import loader, lora as lora_node
+
+    root = tmp_path / "loras"
+    (root / "styles").mkdir(parents=True)
+    factors, alphas, diffs = lora_parts(shapes, seed=6)
+    write_lora(root / "styles" / "ink.safetensors", factors, "kohya", shapes, alphas, diffs)
+    save_file({"diffusion_model.blocks.0.self_attn.q.lora_A.weight": torch.ones(2, 4),
+               "diffusion_model.blocks.0.self_attn.q.lora_B.weight": torch.ones(4, 2)}, str(root / "wan.safetensors"))
+    monkeypatch.setenv("COMFYUI_H3_LORAS", str(root))
+    monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
+    spec = lora_node.H3LoRA.INPUT_TYPES()
+    names = spec["required"]["lora_name"][0]
+    assert names == [lora_node.TINY_LORA_NAME, "styles/ink.safetensors", "wan.safetensors"]
+    assert all(opts.get("tooltip") for _, opts in list(spec["required"].values()) + list(spec["optional"].values()))
+    base = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa")[0]
+    one = lora_node.H3LoRA().apply(base, "styles/ink.safetensors", 0.6)[0]
+    two = lora_node.H3LoRA().apply(one, "styles/ink.safetensors", -0.2, 0.5)[0]
+    assert base.config.options.loras == ()
+    assert [(c.strength, c.adaln_strength) for c in two.config.options.loras] == [(0.6, None), (-0.2, 0.5)]
+    assert two.config.options.loras[0].path == str((root / "styles" / "ink.safetensors").resolve())
+    assert one.config != base.config and one.config != two.config  # each is its own engine
+    with pytest.raises(CheckpointError, match="Wan LoRA"):
+        lora_node.H3LoRA().apply(base, "wan.safetensors", 1.0)
+    with pytest.raises(UnsafePathError):
+        lora_node.H3LoRA().apply(base, "../loras/styles/ink.safetensors", 1.0)
+    with pytest.raises(ValueError, match="H3 engine"):
+        lora_node.H3LoRA().apply(object(), "styles/ink.safetensors", 1.0)
+
+
+def test_tiny_lora_is_built_once_and_fits_the_tiny_model(tiny_h3_dir, shapes, tmp_path):
+    from comfyui_h3.tiny_model import ensure_tiny_lora
+
+    target = tmp_path / "cache" / "tiny.safetensors"
+    first = ensure_tiny_lora(target)
+    stamp = first.stat().st_mtime_ns
+    assert ensure_tiny_lora(target).stat().st_mtime_ns == stamp
+    assert len(read_lora(first, shapes).edits) == 2 * 7  # every block's seven projections
+
+
+def test_cli_lora_flags_reach_the_engine_config(monkeypatch, tmp_path, shapes):
+    from comfyui_h3 import cli_generate
+    from comfyui_h3.cli import _parser
+
+    factors, alphas, diffs = lora_parts(shapes, seed=9)
+    path = write_lora(tmp_path / "a.safetensors", factors, "peft", shapes, peft_alphas(factors), diffs)
+    monkeypatch.setattr("comfyui_h3.tiny_model.ensure_tiny_lora", lambda: tmp_path / "tiny.safetensors")
+    args = _parser().parse_args(["generate", "--model", "tiny", "--prompt", "x", "--lora", f"{path}:0.3",
+                                 "--lora", "tiny"])
+    assert cli_generate.lora_choices(args) == [(str(path), 0.3), (str(tmp_path / "tiny.safetensors"), 1.0)]
+    for command in ("edit", "extend"):  # their engines are built by the same helper (cli_generate.run_job)
+        help_text = _parser()._subparsers._group_actions[0].choices[command].format_help()
+        assert "--lora FILE[:STRENGTH]" in help_text, command
+
+
+@pytest.mark.slow
+def test_cli_generate_with_a_lora_records_it_in_the_manifest(tmp_path, shapes):
+    import json
+
+    from comfyui_h3.cli import main
+
+    factors, alphas, diffs = lora_parts(shapes, seed=10)
+    path = write_lora(tmp_path / "a.safetensors", factors, "native", shapes, alphas, diffs)
+    out = tmp_path / "out.mp4"
+    assert main(["generate", "--model", "tiny", "--prompt", "surf", "--frames", "124", "--steps", "1", "--width",
+                 "64", "--height", "64", "--lora", f"{path}:0.3", "--manifest", "--out", str(out)]) == 0
+    manifest = json.loads(next(tmp_path.glob("out*.json")).read_text())
+    assert manifest["engine"]["loras"] == [lora_choice(path, 0.3).record()]
