@@ -171,7 +171,8 @@ def patch_our_loaders(device) -> None:
                                                           H3TransformerConfig, finish_loading)
     from comfyui_h3.backend.pipelines.h3 import components
 
-    def load_h3_transformer(folder, dev, dtype, attention="sdpa", fuse=True, storage="compute", adapter=None):
+    def load_h3_transformer(folder, dev, dtype, attention="sdpa", fuse=True, storage="compute", adapter=None,
+                            loras=()):
         from comfyui_h3.backend.attention.dispatch import get_attention
 
         cfg = H3TransformerConfig.from_json(os.path.join(folder, "config.json"))
@@ -189,7 +190,8 @@ def patch_our_loaders(device) -> None:
                 for block in model.transformer_blocks:
                     block.attn.add_gate(torch.empty_like(block.attn.to_q.weight).normal_(0.0, 0.02, generator=gen))
             model.vsa_gates = True
-        return finish_loading(model, cfg, dev, fuse=fuse, storage=storage)  # rotary table, fused QKV, FP8: as loaded
+        # LoRAs, rotary table, fused QKV, FP8: as loaded
+        return finish_loading(model, cfg, dev, fuse=fuse, storage=storage, loras=loras)
 
     components.load_h3_transformer = load_h3_transformer
     components.load_text_encoder = lambda folder, dtype: text_encoder(str(folder), device, dtype)
