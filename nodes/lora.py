@@ -36,18 +36,18 @@ class H3LoRA:
                                                               "negative: its opposite)."}),
             },
             "optional": {
-                "time_strength": ("FLOAT", {**STRENGTH, "tooltip": "The strength of the LoRA's edits to the time "
-                                                                   "path (time embedder, AdaLN projections), where "
-                                                                   "the file has them; 1 with strength 1 applies "
-                                                                   "the file as it is."}),
+                "time_scale": ("FLOAT", {**STRENGTH, "tooltip": "The LoRA's edits to the time path (time "
+                                                                "embedder, AdaLN projections), where the file has "
+                                                                "them, at this fraction of strength (1: the same "
+                                                                "strength; 0: left out)."}),
             },
         }
 
-    def apply(self, engine, lora_name, strength, time_strength=None):
+    def apply(self, engine, lora_name, strength, time_scale=1.0):
         if not isinstance(engine, H3EngineHandle):
             raise ValueError("H3 LoRA takes an H3 engine (H3 Model Loader's output).")
         path = str(ensure_tiny_lora()) if lora_name == TINY_LORA_NAME else services.resolve_lora(lora_name)
-        choice = lora_choice(path, strength, time_strength)
+        choice = lora_choice(path, strength, None if time_scale == 1 else strength * time_scale)
         options = engine.config.options
         config = replace(engine.config, options=replace(options, loras=tuple(options.loras) + (choice,)))
         config.validate()  # the file against the model's DiT (headers only), before any worker starts

@@ -16,8 +16,8 @@ Forward contract (one packed request; the batch axis replicates one layout):
 from __future__ import annotations
 
 import os
-from typing import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Sequence
 
 import torch
 from torch import nn
