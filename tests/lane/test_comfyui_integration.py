@@ -21,7 +21,7 @@ import pytest
 from comfyui_lane import COMFYUI_DIR, LINK_NAME, NO_COMFYUI, RUN_TIMEOUT_S, WORKFLOWS, Comfy, combo_choices, probe_mp4
 
 OUR_NODES = ("H3_ModelLoader", "H3_Sample", "H3_SaveVideo", "H3_LoadImage", "H3_LoadVideo", "H3_VideoComponents",
-             "H3_Edit", "H3_MaskDraw", "H3_MaskPreview")
+             "H3_Edit", "H3_MaskDraw", "H3_MaskPreview", "H3_LoRA")
 
 pytestmark = pytest.mark.skipif(not COMFYUI_DIR, reason=NO_COMFYUI)
 
@@ -68,6 +68,28 @@ def test_text_to_video_through_the_cli(comfy):
     assert Path(path).relative_to(comfy.root / "downloads") == Path("H3/text_to_video_00001.mp4")
     assert (comfy.output_dir / "H3" / "text_to_video_00001.mp4").is_file()  # ComfyUI wrote to our --output-directory
     assert sorted(os.listdir(Path(COMFYUI_DIR) / "output")) == checkout_output
+
+
+def test_lora_node_chains_into_a_text_to_video_prompt(comfy):
+    """Two H3 LoRA nodes between the loader and H3 Sample (the built-in tiny LoRA, stacked): the prompt runs and the
+    video is saved; a negative strength is a valid choice."""
+    status, info = comfy.request("/object_info/H3_LoRA")
+    assert status == 200 and "tiny-h3-lora (built-in test LoRA for the tiny model)" in combo_choices(
+        info["H3_LoRA"]["input"]["required"]["lora_name"]), comfy.why(str(info)[:2000])
+    with open(WORKFLOWS / "h3_text_to_video.api.json") as handle:
+        prompt = json.load(handle)
+    tiny = "tiny-h3-lora (built-in test LoRA for the tiny model)"
+    prompt["10"] = {"class_type": "H3_LoRA", "inputs": {"engine": ["1", 0], "lora_name": tiny, "strength": 0.8}}
+    prompt["11"] = {"class_type": "H3_LoRA", "inputs": {"engine": ["10", 0], "lora_name": tiny, "strength": -0.3,
+                                                        "time_scale": 0.5}}
+    prompt["2"]["inputs"].update(engine=["11", 0], steps=2)
+    prompt["3"]["inputs"].update(filename_prefix="H3/lora_text_to_video")
+    status, body = comfy.request("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 200, body
+    entry = comfy.wait_for_prompt(body["prompt_id"])
+    assert entry["status"]["status_str"] == "success", comfy.why(json.dumps(entry["status"])[:3000])
+    saved = sorted((comfy.output_dir / "H3").glob("lora_text_to_video_*.mp4"))
+    assert len(saved) == 1 and probe_mp4(str(saved[0]))["frames"] == 124
 
 
 def test_bad_input_is_refused_before_running(comfy):
