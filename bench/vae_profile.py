@@ -10,6 +10,9 @@ checked against the first.
     python bench/vae_profile.py h3 --seconds 10         # 243 frames at 1344x768: tile by tile (eager, graphs)
                                                         # vs a clip's tiles in one batch (batched, batched_graphs)
                                                         # and its blocks compiled (batched_compiled; last)
+    python bench/vae_profile.py seedvr2 --height 1088 --width 1920 --variants kernels_cl,tiled,tiled_own \
+        --tiles 1344,832                                # the tiled VAE (vae_tiling.py; encode, decode tile px)
+                                                        # against whole frames: frame statistics / the tiles' own
     python bench/vae_profile.py seedvr2 --tiny --device cpu   # seconds-long smoke run of the script itself
     python bench/vae_profile.py seedvr2 --frames 9 --height 768 --width 1344 --variants torch,kernels --check-fp32
                                                         # each variant's error against float32 math (TF32 off), and
@@ -32,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops  # noqa: E402
+from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops, vae_tiling  # noqa: E402
 from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE  # noqa: E402
 from comfyui_h3.backend.models.seedvr2.vae_config import VAEConfig  # noqa: E402
 
@@ -160,6 +163,10 @@ SEEDVR2_VARIANTS = {  # name -> what it changes from the CUDA default: switches,
     "kernels_autotune": {**_TORCH_PATH, "norm_kernels": True, "autotune": True},
     "kernels_chunk2g": {**_TORCH_PATH, "norm_kernels": True, "chunk": 2 * 2**30},
     "kernels_chunk8g": {**_TORCH_PATH, "norm_kernels": True, "chunk": 8 * 2**30},
+    # the CUDA default in --tiles tiles (vae_tiling.py): with frame statistics (two passes over the tiles; what
+    # the pipeline runs) and with the tiles' own (one pass)
+    "tiled": {"tiles": "frame"},
+    "tiled_own": {"tiles": "own"},
 }
 
 
@@ -186,16 +193,29 @@ def seedvr2(args, device) -> None:
     for name in args.variants.split(","):
         chunk = apply_variant(SEEDVR2_VARIANTS[name])
 
+        stats = SEEDVR2_VARIANTS[name].get("tiles")
+        if stats and not args.tiles:
+            raise SystemExit(f"variant {name} needs --tiles ENCODE,DECODE")
+        enc_tile, dec_tile = (int(v) for v in args.tiles.split(",")) if stats else (0, 0)
+
         def encode():
+            if stats:
+                return vae_tiling.tiled_encode(vae, video, enc_tile, chunk_bytes=chunk, frame_stats=stats == "frame",
+                                               force=True)[0]
             return vae.encode(video, chunk_bytes=chunk)[0]
 
         def decode():
+            if stats:
+                return vae_tiling.tiled_decode(vae, z, dec_tile, chunk_bytes=chunk, frame_stats=stats == "frame",
+                                               force=True)
             return vae.decode(z, chunk_bytes=chunk)
 
         record = {"model": "seedvr2_vae", "variant": name, "frames": args.frames, "size": [args.height, args.width],
                   "latents": list(z.shape), "dtype": str(dtype), "device": str(device),
                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                   "torch": torch.__version__}
+        if stats:
+            record["tiles"] = [enc_tile, dec_tile]  # conv FLOPs then count the overlaps and the statistics pass
         outs = {}
         for stage, fn in (("encode", encode), ("decode", decode)):
             flops = [0, 0]
@@ -328,6 +348,7 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=None)
     ap.add_argument("--variants", default=None)
     ap.add_argument("--profile", default="", help="comma list of variants to profile kernel by kernel")
+    ap.add_argument("--tiles", default="", help="seedvr2, the tiled variants: ENCODE,DECODE tile in px")
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--check-fp32", action="store_true", help="seedvr2: errors against float32 math (small shapes)")
     ap.add_argument("--tiny", action="store_true")

@@ -203,15 +203,19 @@ class SeedVR2VAE(nn.Module):
     def _dtype(self) -> torch.dtype:
         return self.encoder.conv_in.weight.dtype
 
-    def _enter(self, x: torch.Tensor) -> torch.Tensor:
-        """x in the parameters' dtype and in the pass's layout (vae_layout.py), the conv weights moved to it once."""
-        x = x.to(self._dtype())
+    def pass_format(self, x: torch.Tensor) -> torch.memory_format:
+        """The memory format of a pass over x (vae_layout.py), the conv weights moved to it (once)."""
         cl = channels_last_for(x)
         fmt = torch.channels_last_3d if cl else torch.contiguous_format
         if getattr(self, "_weights_channels_last", False) != cl:
             self.to(memory_format=fmt)
             self._weights_channels_last = cl
-        return x.contiguous(memory_format=fmt)
+        return fmt
+
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:
+        """x in the parameters' dtype and in the pass's layout (vae_layout.py), the conv weights moved to it once."""
+        fmt = self.pass_format(x)
+        return x.to(self._dtype()).contiguous(memory_format=fmt)
 
     @torch.no_grad()
     def encode(self, video: torch.Tensor, slice_frames: Optional[int] = 4, chunk_bytes: int = DEFAULT_CHUNK_BYTES,

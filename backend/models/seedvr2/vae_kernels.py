@@ -126,8 +126,10 @@ def _splits(total: int, block: int, most: int) -> tuple[int, int]:
     return triton.cdiv(total, per_split), per_split
 
 
-def group_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per (batch, group, frame) fp32 mean and 1 / sqrt(var + eps) of x [B, C, T, H, W] (population variance)."""
+def group_moments(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per (batch, group, frame) float64 (count, mean, M2 = sum of squared deviations) of x [B, C, T, H, W], each
+    [B, G, T]: what group_stats normalises with, and what moments of several pieces of a frame merge from (Chan's
+    rule; the tiled VAE sums its tiles' owned parts this way)."""
     b, c, t, h, w = x.shape
     if is_channels_last(x):
         block_p, block_c = _tile(c)
@@ -148,10 +150,13 @@ def group_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor,
     count = n.sum(1)
     grand = (n * mean).sum(1) / count
     m2 = (m2 + n * (mean - grand[:, None]) ** 2).sum(1)
-    var = m2 / count
-    mean_out = grand.float().view(b, groups, t)
-    rstd = (var + eps).rsqrt().float().view(b, groups, t)
-    return mean_out, rstd
+    return count.view(b, groups, t), grand.view(b, groups, t), m2.view(b, groups, t)
+
+
+def group_stats(x: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (batch, group, frame) fp32 mean and 1 / sqrt(var + eps) of x [B, C, T, H, W] (population variance)."""
+    count, mean, m2 = group_moments(x, groups)
+    return mean.float(), (m2 / count + eps).rsqrt().float()
 
 
 @triton.jit

@@ -116,7 +116,8 @@ def conv_into(x: torch.Tensor, weight: torch.Tensor, stride: Tuple[int, int, int
                                          cudnn.allow_tf32, out=out)
 
 
-def _norm_kernels_for(x: torch.Tensor) -> bool:
+def norm_kernels_for(x: torch.Tensor) -> bool:
+    """Whether the Triton GroupNorm kernels (statistics, normalisation) serve x."""
     return _kernels_for(x, NORM_KERNELS, interpreted=True)
 
 
@@ -154,17 +155,24 @@ class FrameGroupNorm:
     """GroupNorm (+ optional SiLU) of every frame of x [B, C, T, H, W], computed lazily: statistics now (fp32, one
     frame / group chunk at a time), normalisation of any piece ``x[:, :, t0:t1, rows]`` when called."""
 
-    def __init__(self, norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool):
+    def __init__(self, norm: nn.GroupNorm, x: torch.Tensor, chunk_bytes: int, silu: bool,
+                 stats: Optional[Tuple[torch.Tensor, torch.Tensor]] = None):
+        """``stats``: (mean, rstd), fp32 [B, G, T], to normalise with instead of x's own (the tiled VAE's frame
+        statistics): then x is not read here."""
         b, c, t, h, w = x.shape
         self.norm, self.silu, self.dtype = norm, silu, x.dtype
         g = norm.num_groups
         cg = c // g
-        self.fused = _norm_kernels_for(x)
+        self.fused = norm_kernels_for(x)
+        if self.fused:
+            self.weight, self.bias = norm.weight.float().contiguous(), norm.bias.float().contiguous()
+        if stats is not None:
+            self.mean, self.rstd = stats
+            return
         if self.fused:
             from .vae_kernels import group_stats
 
             self.mean, self.rstd = group_stats(x, g, norm.eps)
-            self.weight, self.bias = norm.weight.float().contiguous(), norm.bias.float().contiguous()
             return
         self.mean = torch.empty(b, g, t, device=x.device, dtype=torch.float32)
         self.rstd = torch.empty_like(self.mean)

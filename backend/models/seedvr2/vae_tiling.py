@@ -44,7 +44,8 @@ from typing import Callable, Iterator, List, Optional, Tuple
 import torch
 
 from .vae import LOGVAR_RANGE
-from .vae_ops import DEFAULT_CHUNK_BYTES, CausalStream, FrameGroupNorm
+from .vae_layout import empty_like_layout
+from .vae_ops import DEFAULT_CHUNK_BYTES, CausalStream, FrameGroupNorm, norm_kernels_for
 
 RAMP = 0.5  # the cosine ramp's width as a fraction of the narrowest overlap (centred in each overlap)
 
@@ -184,13 +185,14 @@ class _Norms:
         return self
 
     def __call__(self, norm, x: torch.Tensor, silu: bool = True) -> FrameGroupNorm:
-        fn = FrameGroupNorm(norm, x, self.chunk_bytes, silu)
         key = (norm, self.start)
+        stats = None
         if self.using is not None:
             count, total, squares = self.using[key]
             mean = total / count
             var = (squares / count - mean * mean).clamp_min_(0)
-            fn.mean, fn.rstd = mean.float(), (var + norm.eps).rsqrt().float()
+            stats = mean.float(), (var + norm.eps).rsqrt().float()
+        fn = FrameGroupNorm(norm, x, self.chunk_bytes, silu, stats)
         if self.taking is not None:
             self._collect(key, norm.num_groups, x)
         return fn
@@ -202,17 +204,23 @@ class _Norms:
         r0, r1 = _owners(self.rows, scale)[i]
         c0, c1 = _owners(self.cols, scale)[j]
         own = x[:, :, :, r0:r1, c0:c1]
-        total = torch.zeros((b, groups, t), dtype=torch.float64, device=x.device)
-        squares = torch.zeros_like(total)
         cg = c // groups
-        step = max(1, self.chunk_bytes // max(b * cg * (r1 - r0) * (c1 - c0) * 8, 1))
-        for g0 in range(0, groups, step):  # fp64 sums over bounded group chunks, one frame at a time
-            g1 = min(groups, g0 + step)
-            for f in range(t):
-                part = own[:, g0 * cg:g1 * cg, f].double().reshape(b, g1 - g0, -1)
-                total[:, g0:g1, f] = part.sum(-1)
-                squares[:, g0:g1, f] = part.square().sum(-1)
         count = cg * (r1 - r0) * (c1 - c0)
+        if norm_kernels_for(own):  # one read of the owned view by the statistics kernel, moments merged in fp64
+            from .vae_kernels import group_moments
+
+            _, mean, m2 = group_moments(own, groups)
+            total, squares = mean * count, m2 + mean * mean * count
+        else:
+            total = torch.zeros((b, groups, t), dtype=torch.float64, device=x.device)
+            squares = torch.zeros_like(total)
+            step = max(1, self.chunk_bytes // max(b * cg * (r1 - r0) * (c1 - c0) * 8, 1))
+            for g0 in range(0, groups, step):  # fp64 sums over bounded group chunks, one frame at a time
+                g1 = min(groups, g0 + step)
+                for f in range(t):
+                    part = own[:, g0 * cg:g1 * cg, f].double().reshape(b, g1 - g0, -1)
+                    total[:, g0:g1, f] = part.sum(-1)
+                    squares[:, g0:g1, f] = part.square().sum(-1)
         if key in self.taking:
             acc = self.taking[key]
             acc[0] += count
@@ -277,9 +285,9 @@ def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = N
     rows, cols = _plan(h, w, tile, overlap, f)
     if len(rows) == len(cols) == 1 and not force:
         return vae.encode(video, slice_frames, chunk_bytes, check)
-    dtype = vae._dtype()
+    dtype, fmt = vae._dtype(), vae.pass_format(video)
     t = (frames - 1) // tf + 1
-    feats = torch.empty((b, cfg.block_channels[-2], t, h, w), dtype=dtype, device=video.device)
+    feats = torch.empty((b, cfg.block_channels[-2], t, h, w), dtype=dtype, device=video.device, memory_format=fmt)
     norms = _Norms(rows, cols, chunk_bytes)
     for collect in (True, False) if frame_stats else (False,):
         norms.next_pass(collect)
@@ -292,7 +300,9 @@ def tiled_encode(vae, video: torch.Tensor, tile: int, overlap: Optional[int] = N
                 part = video[:, :, :, r0 * f:r1 * f, c0 * f:c1 * f]
                 lat = 0
                 for a, e, stream in _sliced(frames, slice_frames, chunk_bytes):
-                    x = enc.conv_in(part[:, :, a:e].to(dtype), stream)
+                    # each piece a dense tensor in the pass's layout: the convs' fast forms (in-place band
+                    # writes need a frame's rows contiguous, which a crop's are not)
+                    x = enc.conv_in(part[:, :, a:e].to(dtype).contiguous(memory_format=fmt), stream)
                     x = _blocks(enc.down_blocks[:-1], x, stream, norms.at(i, j, a))
                     if blend is not None:
                         blend.add(i, j, lat, x, weight)
@@ -329,14 +339,15 @@ def tiled_decode(vae, z: torch.Tensor, tile: int, overlap: Optional[int] = None,
     rows, cols = _plan(h, w, tile, overlap, f)
     if len(rows) == len(cols) == 1 and not force:
         return vae.decode(z, slice_latents, chunk_bytes, check)
-    z = z.to(vae._dtype())
+    fmt = vae.pass_format(z)
+    z = z.to(vae._dtype()).contiguous(memory_format=fmt)
     feats = None
     for a, e, stream in _sliced(t, slice_latents, chunk_bytes):
         x = dec.mid_block(dec.conv_in(z[:, :, a:e], stream), stream)
         for resnet in dec.up_blocks[0].resnets:
             x = resnet(x, stream)
         if feats is None:
-            feats = x.new_empty((b, x.shape[1], t, h, w))
+            feats = empty_like_layout(x, (b, x.shape[1], t, h, w))
         feats[:, :, a:e] = x
         del x
     out = z.new_empty((b, cfg.out_channels, tf * (t - 1) + 1, h * f, w * f))
@@ -351,8 +362,9 @@ def tiled_decode(vae, z: torch.Tensor, tile: int, overlap: Optional[int] = None,
                 weight = blend.weight(i, j) if blend is not None else None
                 pos = 0
                 for a, e, stream in _sliced(t, slice_latents, chunk_bytes):
-                    x = _blocks(dec.up_blocks, feats[:, :, a:e, r0:r1, c0:c1], stream, norms.at(i, j, a),
-                                resnets=False)
+                    crop = feats[:, :, a:e, r0:r1, c0:c1].contiguous(memory_format=fmt)  # as encode's pieces
+                    x = _blocks(dec.up_blocks, crop, stream, norms.at(i, j, a), resnets=False)
+                    del crop
                     if blend is None:  # collecting: norm_out's statistics are all that is left to take
                         norms(dec.conv_norm_out, x)
                         del x

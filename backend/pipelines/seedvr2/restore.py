@@ -16,6 +16,7 @@ them against its own input frames, and only uint8 frames travel to rank 0, which
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -44,16 +45,36 @@ def _given(noise: torch.Tensor, shape, what: str) -> torch.Tensor:
     return noise.to(torch.float32)
 
 
+def _draw(generator: torch.Generator, shape, pin: bool) -> torch.Tensor:
+    """torch.randn(shape, generator=generator) (randn is empty + normal_: the same numbers), in pinned host memory
+    when `pin` (its copy to the GPU then runs at the bus's speed)."""
+    return torch.empty(shape, dtype=torch.float32, pin_memory=pin).normal_(generator=generator)
+
+
+def draw_noise_aside(generator: torch.Generator, t_lat: int, h: int, w: int, pin: bool) -> Future:
+    """A future of (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) drawn in the official order on a thread, so
+    the ~0.5 s per 10-s batch of CPU draws runs while the GPU encodes (the draws are seeded on the host, so a
+    result does not depend on the device)."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seedvr2-noise")
+    future = pool.submit(lambda: (_draw(generator, (1, 16, t_lat, h, w), pin), _draw(generator, (t_lat, h, w, 16),
+                                                                                     pin)))
+    pool.shutdown(wait=False)
+    return future
+
+
 def sample_condition(vae, video: torch.Tensor, generator: torch.Generator,
-                     eps: torch.Tensor | None = None, vae_tile: int = 0, check=None) -> torch.Tensor:
-    """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32), a posterior sample x scale.
-    `eps`: the posterior's standard normal draw [1, 16, T, h, w] to use instead of drawing it from `generator`;
+                     eps: torch.Tensor | Future | None = None, vae_tile: int = 0, check=None) -> torch.Tensor:
+    """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32): the posterior sample
+    (mean + exp(logvar / 2) * eps) x LATENT_SCALE. `eps`: the standard normal draw [1, 16, T, h, w] to use instead
+    of drawing it from `generator` (a future of draw_noise_aside: its first, taken once the encode is done);
     `vae_tile`: encode in tiles of at most this many pixels (0: whole frames); `check`: the Stop check between the
     VAE's time slices (and tiles)."""
     if vae_tile:
         mean, logvar = tiled_encode(vae, video[None], vae_tile, check=check)
     else:
         mean, logvar = vae.encode(video[None], check=check)
+    if isinstance(eps, Future):
+        eps = eps.result()[0]
     if eps is None:
         eps = torch.randn(mean.shape, generator=generator, dtype=torch.float32)
     eps = _given(eps, mean.shape, "posterior").to(mean.device)
@@ -116,13 +137,19 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     n = frames.shape[0]
     with _stage(timings, "prepare_s", dev):
         video = prepare_video(frames, geometry, dtype=c.vae_dtype, device=dev)  # [3, F', H', W'] in [-1, 1]
+    drawn = None  # the draws overlap the encode (the one-rank order kept)
+    if noise is None:
+        drawn = draw_noise_aside(generator, latent_frames(video.shape[1]), video.shape[2] // 8,
+                                 video.shape[3] // 8, pin=dev.type == "cuda")
     eps, x_t = noise if noise is not None else (None, None)
     check = check or _no_check
     check()
     encode_tile, decode_tile = split_tiles(vae_tile)
     _enter_vae(c)
     with _stage(timings, "encode_s", dev):
-        cond = sample_condition(c.vae, video, generator, eps, encode_tile, check)
+        cond = sample_condition(c.vae, video, generator, eps if drawn is None else drawn, encode_tile, check)
+    if drawn is not None:
+        x_t = drawn.result()[1]
     check()
     x_t, velocity = _velocity(c, cond, x_t, generator, routing_for, attention, timings, check)
     del cond

@@ -146,6 +146,8 @@ def test_given_noise_is_what_the_generator_draws():
     with torch.no_grad():
         given = restore.restore_batch(c, T["frames_in"], g, "wavelet", torch.Generator(), SINGLE, noise=(eps, x_t))
         drawn = restore.restore_batch(c, T["frames_in"], g, "wavelet", restore.batch_generator(11, 2), SINGLE)
-    assert torch.equal(given, drawn)
+    assert torch.equal(given, drawn)  # restore_batch draws them on a thread, beside the encode
+    aside_eps, aside_x_t = restore.draw_noise_aside(restore.batch_generator(11, 2), *x_t.shape[:3], pin=False).result()
+    assert torch.equal(aside_eps, eps) and torch.equal(aside_x_t, x_t)
     with pytest.raises(ValueError, match="x_T noise has shape"):
         restore.restore_batch(c, T["frames_in"], g, "wavelet", torch.Generator(), SINGLE, noise=(eps, x_t[:1]))

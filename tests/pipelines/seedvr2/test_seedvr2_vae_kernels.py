@@ -126,7 +126,7 @@ def test_tiny_vae_with_the_kernels_equals_the_official_goldens():
         vae = SeedVR2VAE(VAEConfig.tiny()).eval()
         vae.load_state_dict({k[2:]: v.float() for k, v in T.items() if k.startswith("w.")}, strict=True)
         rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()
-        assert vae_ops._norm_kernels_for(torch.zeros(1))
+        assert vae_ops.norm_kernels_for(torch.zeros(1))
         x = T["enc.0.x"].float()
         mean, logvar = vae.encode(x, slice_frames=None)
         assert rel(mean, T["enc.0.mean"]) <= 1e-5 and rel(logvar, T["enc.0.logvar"]) <= 1e-5
@@ -141,6 +141,37 @@ def test_tiny_vae_with_the_kernels_equals_the_official_goldens():
         assert rel(mean, T["enc.0.mean"]) <= 1e-5 and rel(logvar, T["enc.0.logvar"]) <= 1e-5
         out = vae.decode(T["dec.0.z"].float(), slice_latents=None, chunk_bytes=1 << 16)
         assert rel(out, T["dec.0.out"]) <= 1e-5, rel(out, T["dec.0.out"])
+        print("ok")
+    """)
+
+
+def test_tiled_passes_with_the_kernels_in_channels_last_equal_the_torch_path():
+    """The tiled VAE as it runs on CUDA (channels_last_3d pieces, the tiles' owned moments by the statistics kernel,
+    frame statistics handed to the norms without a re-read) against the NCDHW torch path (fp64 sums): fp32 equal
+    up to summation order."""
+    _interpreted("""
+        import torch
+        from safetensors.torch import load_file
+        from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops, vae_tiling
+        from comfyui_h3.backend.models.seedvr2.vae import SeedVR2VAE, VAEConfig
+        vae = SeedVR2VAE(VAEConfig.tiny()).eval()
+        w = load_file("fixtures/seedvr2_vae.safetensors")
+        vae.load_state_dict({k[2:]: v.float() for k, v in w.items() if k.startswith("w.")}, strict=True)
+        rel = lambda a, b: ((a.double() - b.double()).norm() / b.double().norm()).item()
+        g = torch.Generator().manual_seed(3)
+        x = torch.rand(1, 3, 5, 32, 48, generator=g) * 2 - 1
+        z = torch.randn(1, 16, 2, 4, 6, generator=g) * 0.5
+        vae_ops.NORM_KERNELS = False
+        want_m, want_lv = vae_tiling.tiled_encode(vae, x, 32, overlap=16)
+        want_d = vae_tiling.tiled_decode(vae, z, 32, overlap=16)
+        vae_ops.NORM_KERNELS = True
+        conv3d = torch.nn.functional.conv3d
+        vae_ops.F.conv3d = lambda x, *a, **k: conv3d(x, *a, **k).contiguous(memory_format=torch.channels_last_3d)
+        vae_layout.CHANNELS_LAST = True
+        m, lv = vae_tiling.tiled_encode(vae, x, 32, overlap=16)
+        d = vae_tiling.tiled_decode(vae, z, 32, overlap=16)
+        assert rel(m, want_m) <= 1e-5 and rel(lv, want_lv) <= 1e-5, (rel(m, want_m), rel(lv, want_lv))
+        assert rel(d, want_d) <= 1e-5, rel(d, want_d)
         print("ok")
     """)
 
