@@ -492,9 +492,9 @@ def finish_loading(model: H3Transformer, cfg: H3TransformerConfig, device, fuse:
         from .fasth3 import fuse_adapter, read_adapter
 
         fuse_adapter(model, read_adapter(adapter))
-    from .lora import merge_loras
+    from .lora_apply import apply_loras
 
-    model.loras = merge_loras(model, loras)
+    apply_loras(model, loras)  # model.loras: their manifest entries; the base copies a later switch needs
     model.rope_inv_freq = rope_inv_freq(cfg.rope_freq_dim, cfg.rope_theta).to(device)
     if fuse:
         model.fuse_projections()

@@ -1,5 +1,5 @@
-"""LoRA files for the H3 DiT: read (safetensors header only), held strictly to a model's parameters, merged into its
-weights at load.
+"""LoRA files for the H3 DiT: read (safetensors header only), held strictly to a model's parameters; their deltas
+(lora_apply.py merges them into a loaded model and switches them).
 
 Layouts (recognised key by key; one file may mix them):
 
@@ -271,7 +271,7 @@ def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]]) 
     return LoraFile(file, tuple(edits), shapes, _metadata_alpha(metadata, file))
 
 
-def _deltas(lora: LoraFile, handle, device) -> Iterable[tuple[str, torch.Tensor]]:
+def deltas(lora: LoraFile, handle, device) -> Iterable[tuple[str, torch.Tensor]]:
     """(our parameter, its float32 delta at strength 1) for every edit of the file, one module at a time (a full
     set of deltas would be a float32 copy of every touched weight)."""
 
@@ -307,32 +307,3 @@ def check_lora_finite(lora: LoraFile, handle, device) -> None:
         for key in edit.parts.values():
             finite.add(key, handle.get_tensor(key).to(device))
     finite.verify()
-
-
-@torch.no_grad()
-def merge_loras(model: torch.nn.Module, choices: Sequence[LoraChoice]) -> list[dict]:
-    """Add each LoRA's delta, times its strength, into a loaded H3Transformer's (unfused) weights in place; the
-    manifest entries of what was merged. Every file is read and checked (header, shapes, NaN) before any weight
-    changes, so a refused file leaves the model as it was. A file changed since it was chosen is refused."""
-    if not choices:
-        return []
-    params = dict(model.named_parameters())
-    shapes = {k: tuple(v.shape) for k, v in params.items()}
-    device = next(iter(params.values())).device
-    loras = []
-    for choice in choices:
-        if file_sha256(choice.path) != choice.sha256:
-            raise CheckpointError(f"{choice.path} changed since it was chosen (its sha256 differs): queue the prompt "
-                                  "again.")
-        lora = read_lora(choice.path, shapes)
-        with reading(lora.path), safe_open(str(lora.path), framework="pt", device="cpu") as handle:
-            check_lora_finite(lora, handle, device)
-        loras.append(lora)
-    for choice, lora in zip(choices, loras):
-        with reading(lora.path), safe_open(str(lora.path), framework="pt", device="cpu") as handle:
-            for key, delta in _deltas(lora, handle, device):
-                strength = choice.strength_for(key)
-                if strength:
-                    param = params[key]
-                    param.copy_((param.float() + strength * delta.reshape(param.shape)).to(param.dtype))
-    return [choice.record() for choice in choices]

@@ -30,7 +30,6 @@ Weights are counted by the caller (what the engine already holds).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ...errors import RequestError
@@ -65,56 +64,6 @@ def vae_scale(vae_config) -> float:
 def sink_bytes_per_pixel(total_frames: int, streamed: bool) -> int:
     """Host bytes per output pixel the driver's frame sink holds (see the module docstring)."""
     return 3 * SINK_SLOT_FRAMES + ENCODER_BYTES_PER_PIXEL if streamed else 2 * 3 * int(total_frames)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-        return int(text) if text.isdigit() else None  # "max": no limit
-    except (OSError, ValueError):
-        return None
-
-
-def host_free_bytes() -> int | None:
-    """Memory this process can still take on its host: the kernel's MemAvailable, or less where a cgroup (a
-    container) limits it; None where neither is known (then no host check is made)."""
-    free = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, OSError, ValueError):
-            free = None
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        limit, usage = _read_int(limit_file), _read_int(usage_file)
-        if limit is not None and usage is not None and limit < 1 << 60:
-            room = max(0, limit - usage + _cgroup_reclaimable())
-            free = room if free is None else min(free, room)
-            break
-    return free
-
-
-def _cgroup_reclaimable() -> int:
-    """The cgroup's inactive page cache (counted in its usage, yet given back on demand)."""
-    for path, key in (("/sys/fs/cgroup/memory.stat", "inactive_file"),
-                      ("/sys/fs/cgroup/memory/memory.stat", "total_inactive_file")):
-        try:
-            with open(path) as f:
-                for line in f:
-                    name, _, value = line.partition(" ")
-                    if name == key:
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return 0
 
 
 def dit_token_bytes(config, act_bytes: int) -> int:

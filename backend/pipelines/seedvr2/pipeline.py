@@ -14,12 +14,12 @@ from typing import Callable
 
 import torch
 
-from ...device_memory import cuda_free_bytes
+from ...device_memory import cuda_free_bytes, host_free_bytes
 from ...errors import Cancelled, RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...media.frame_sinks import FileSink, MemorySink, audio_under
 from .batches import StreamBlender, padded_frames, plan_shots
-from .memory import batch_memory, check_host, host_free_bytes, plan_memory, sink_bytes_per_pixel, vae_scale
+from .memory import batch_memory, check_host, plan_memory, sink_bytes_per_pixel, vae_scale
 from .preprocess import plan_geometry
 from .request import UpscaleRequest, UpscaleResult
 from .scene_cuts import find_cuts

@@ -229,16 +229,16 @@ def test_nan_factors_are_refused_before_any_weight_changes(tiny_h3_dir, shapes, 
     save_file(tensors, str(bad))
     model = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, fuse=False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    from comfyui_h3.backend.models.lora import merge_loras
+    from comfyui_h3.backend.models.lora_apply import apply_loras
 
     with pytest.raises(CheckpointError, match="NaN") as err:
-        merge_loras(model, [lora_choice(good), lora_choice(bad)])
+        apply_loras(model, [lora_choice(good), lora_choice(bad)])
     assert "nan.safetensors" in str(err.value) and key in str(err.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 
 def test_a_file_changed_after_it_was_chosen_is_refused(tiny_h3_dir, shapes, tmp_path):
-    from comfyui_h3.backend.models.lora import merge_loras
+    from comfyui_h3.backend.models.lora_apply import apply_loras
 
     good = _good(shapes, tmp_path)
     choice = lora_choice(good)
@@ -248,7 +248,7 @@ def test_a_file_changed_after_it_was_chosen_is_refused(tiny_h3_dir, shapes, tmp_
     save_file(tensors, good)
     model = load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, fuse=False)
     with pytest.raises(CheckpointError, match="changed since"):
-        merge_loras(model, [choice])
+        apply_loras(model, [choice])
 
 
 def test_write_lora_never_replaces_a_file(shapes, tmp_path):
