@@ -88,56 +88,85 @@ class Engine:
             self._executor = executor
 
     def generate(self, request, progress: Callable[[int, int], None] | None = None,
-                 should_cancel: Callable[[], bool] | None = None):
+                 should_cancel: Callable[[], bool] | None = None, config: EngineConfig | None = None):
         """Run one request. `progress(done, total)` after every step; steps carrying a live preview (a request with
-        preview_every set) call `progress(done, total, preview=uint8 [H, W, 3])`."""
+        preview_every set) call `progress(done, total, preview=uint8 [H, W, 3])`. `config`: the config the caller
+        got this engine for (default: the engine's own): its live options are what the job runs with, even when
+        another caller has retargeted the engine since (get_engine)."""
         request.validate()  # fail fast on the driver: bad input never reaches (or starts) a worker
         _touch(self.config)  # before our own lock: eviction takes the registry's lock, then an engine's
         with self._lock, _job_running():
+            config = config or self.config
+            if config.identity() != self.config.identity():
+                raise ValueError("generate's config is another model than this engine's")
             was_started = self.started
             self.start(should_cancel)
             load_s = None if was_started else _load_seconds(self._executor)  # this request started the engine
-            runner = self._executor.run(self.config.family, request, should_cancel)
-            self._request = request
             try:
-                while True:
-                    event = next(runner)
-                    if progress is not None:
-                        if event.preview is None:
-                            progress(event.done, event.total)
-                        else:  # only requests that ask for previews get them (H3's preview_every)
-                            progress(event.done, event.total, preview=event.preview)
-            except StopIteration as stop:
-                return _with_engine_manifest(stop.value, self.config, load_s)
-            except WorkerFailed as exc:
-                failure = exc.failure
-                if failure.kind == "request":
-                    raise RequestError(failure.message) from None
-                if failure.kind == "cancelled":
-                    raise EngineCancelled(failure.message, failure.extra) from None
-                if self.config.world_size > 1:
-                    # One rank failed mid-step: the others are blocked in a collective. Restart the group.
-                    self._executor.shutdown(timeout=2.0)
-                    self._executor = None
-                if failure.kind == "oom":
-                    raise EngineOutOfMemory(worker_cause(failure)) from None
-                raise EngineError(worker_cause(failure)) from None
-            except StopForced as exc:  # the workers did not stop in time and were killed: still a Stop
+                return self._run(config, request, progress, should_cancel, load_s)
+            except _Reload as reload:  # the workers could not take the live options in place: start with them
+                log.info("Live options not taken in place (%s): starting the workers again", reload.message)
+                self._executor.shutdown(timeout=10.0)
                 self._executor = None
-                _discard_stream_temporaries(request)
-                raise EngineCancelled(str(exc)) from None
-            except (WorkerDied, WorkerHung) as exc:
+                self.start(should_cancel)
+                return self._run(config, request, progress, should_cancel, _load_seconds(self._executor),
+                                 reload.message)
+
+    def retarget(self, config: EngineConfig) -> None:
+        """Serve `config` from now on: one differing from this engine's only in live options (families.py). The
+        next job carries them to the workers, which switch in place (a job running now keeps its own)."""
+        if config.identity() != self.config.identity():
+            raise ValueError("an engine can only be retargeted to a config that differs in live options")
+        self.config = config
+
+    def _run(self, config: EngineConfig, request, progress, should_cancel, load_s, reloaded: str | None = None):
+        """One job on the started workers (generate's body, under the engine's lock)."""
+        runner = self._executor.run(config.family, request, should_cancel, live=config.live_state())
+        self._request = request
+        try:
+            while True:
+                event = next(runner)
+                if progress is not None:
+                    if event.preview is None:
+                        progress(event.done, event.total)
+                    else:  # only requests that ask for previews get them (H3's preview_every)
+                        progress(event.done, event.total, preview=event.preview)
+        except StopIteration as stop:
+            result = _with_engine_manifest(stop.value, config, load_s)
+            if reloaded is not None:
+                _note_reload(result, reloaded)
+            return result
+        except WorkerFailed as exc:
+            failure = exc.failure
+            if failure.kind == "request":
+                raise RequestError(failure.message) from None
+            if failure.kind == "reload" and reloaded is None:
+                raise _Reload(failure.message) from None
+            if failure.kind == "cancelled":
+                raise EngineCancelled(failure.message, failure.extra) from None
+            if self.config.world_size > 1:
+                # One rank failed mid-step: the others are blocked in a collective. Restart the group.
+                self._executor.shutdown(timeout=2.0)
                 self._executor = None
-                _discard_stream_temporaries(request)
-                raise EngineError(str(exc)) from None
-            except BaseException:  # KeyboardInterrupt / SystemExit mid-job (a CLI's second Ctrl-C): the ranks are
-                if self._executor is not None:  # inside a step and would not read a Shutdown until the job ends
-                    _kill(self._executor)
-                self._executor = None
-                _discard_stream_temporaries(request)
-                raise
-            finally:
-                self._request = None
+            if failure.kind == "oom":
+                raise EngineOutOfMemory(worker_cause(failure)) from None
+            raise EngineError(worker_cause(failure)) from None
+        except StopForced as exc:  # the workers did not stop in time and were killed: still a Stop
+            self._executor = None
+            _discard_stream_temporaries(request)
+            raise EngineCancelled(str(exc)) from None
+        except (WorkerDied, WorkerHung) as exc:
+            self._executor = None
+            _discard_stream_temporaries(request)
+            raise EngineError(str(exc)) from None
+        except BaseException:  # KeyboardInterrupt / SystemExit mid-job (a CLI's second Ctrl-C): the ranks are
+            if self._executor is not None:  # inside a step and would not read a Shutdown until the job ends
+                _kill(self._executor)
+            self._executor = None
+            _discard_stream_temporaries(request)
+            raise
+        finally:
+            self._request = None
 
     def shutdown(self, wait_s: float | None = None, timeout: float = 10.0) -> None:
         """Stop the workers (`timeout`: how long they get to leave by themselves). `wait_s`: wait at most this long
@@ -163,6 +192,19 @@ class Engine:
             _kill(executor)
         if request is not None:
             _discard_stream_temporaries(request)
+
+
+class _Reload(Exception):
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def _note_reload(result, why: str) -> None:
+    """The manifest says the live options were taken by starting the workers again, and why."""
+    manifest = getattr(result, "manifest", None)
+    if isinstance(manifest, dict):
+        manifest["engine"]["live_switch"] = {"in_place": False, "why": why}
 
 
 def _kill(executor) -> None:
@@ -294,12 +336,34 @@ def get_engine(config: EngineConfig) -> Engine:
         if engine is not None:
             _ENGINES.move_to_end(config)
             return engine
+        engine = _live_match(config)
+        if engine is not None:  # the same model with other live options (H3's LoRAs): switched, not reloaded
+            config.validate()  # what Engine() would check (a LoRA file that does not fit is refused here)
+            del _ENGINES[engine.config]
+            engine.retarget(config)
+            _ENGINES[config] = engine
+            return engine
         engine = Engine(config)  # validates: a bad config evicts nothing
         for other in _to_evict(config, list(_ENGINES.values())):
             other.shutdown()
             del _ENGINES[other.config]
         _ENGINES[config] = engine
         return engine
+
+
+def _live_match(config: EngineConfig) -> Engine | None:
+    """A resident engine whose config differs from `config` only in live options (the most recently used), under
+    the registry's lock."""
+    try:
+        identity = config.identity()
+    except Exception:  # noqa: BLE001 - an unknown family: Engine() says so
+        return None
+    if identity is config:
+        return None
+    for other in reversed(list(_ENGINES.values())):
+        if other.config.family == config.family and other.config.identity() == identity:
+            return other
+    return None
 
 
 def _touch(config: EngineConfig) -> None:

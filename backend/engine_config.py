@@ -6,6 +6,7 @@ worker, which builds its Runtime and pipeline from it. Family-specific settings 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,25 @@ class EngineConfig:
 
         return Runtime.make(device or self.device_for(rank), ParallelContext(rank, self.world_size, group),
                             self.attention, self.compute_dtype, self.weights, self.cpu_threads)
+
+    def live_fields(self) -> tuple[str, ...]:
+        """The family's live options (families.py): what a loaded engine of this config takes in place."""
+        return tuple(getattr(self.family_impl(), "live_options", ()))
+
+    def live_state(self) -> dict | None:
+        """The live options' values, sent with every job (None: the family has none)."""
+        fields = self.live_fields()
+        return {name: getattr(self.options, name) for name in fields} if fields else None
+
+    def identity(self) -> "EngineConfig":
+        """This config with its live options at their defaults: the engines that can serve it without a restart
+        share it."""
+        fields = self.live_fields()
+        if not fields:
+            return self
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self.options) if f.name in fields}
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **defaults))
 
     def build_pipeline(self, rank: int = 0, device: str | None = None):
         """This rank's pipeline, on `device` (default: device_for(rank); a Ray actor passes the GPU it was given)."""

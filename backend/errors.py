@@ -1,9 +1,15 @@
-"""The two outcomes every model family reports the same way, whatever it computes: a request that cannot run as
-given, and a Stop. The worker maps them to their own failure kinds; everything else is an internal error."""
+"""The outcomes every model family reports the same way, whatever it computes: a request that cannot run as given,
+a Stop, and live options a loaded engine cannot take in place. The worker maps them to their own failure kinds;
+everything else is an internal error."""
 
 
 class RequestError(ValueError):
     """A request that cannot run as given; the message says what to change (shown to the user as is)."""
+
+
+class ReloadNeeded(Exception):
+    """The loaded pipeline cannot take the job's live options in place (families.py): the engine starts its workers
+    again with them and runs the job there."""
 
 
 class Cancelled(Exception):

@@ -4,7 +4,11 @@ A family is an object (usually a module-level instance) with:
 - `name`, and `preload`: modules worth importing once in the workers' forkserver (worker_preload.py);
 - `check(config)`: refuse a config before any weight moves (e.g. H3's "degree divides the heads");
 - `memory_bytes(config)`: what one engine of it holds per rank (the engine registry's eviction budget);
-- `build(runtime, options) -> pipeline`, whose `run(request, on_step, should_stop)` the worker calls.
+- `build(runtime, options) -> pipeline`, whose `run(request, on_step, should_stop)` the worker calls;
+- optionally `live_options`: names of option fields a loaded engine takes without starting again (H3's LoRAs). A
+  config differing from a resident engine's only there reuses that engine (EngineConfig.identity); every job carries
+  their values and the worker hands them to `pipeline.set_live_options(values)` before running it, which switches
+  in place or raises errors.ReloadNeeded (the engine then starts again with them).
 Its options are a frozen dataclass inside the engine config (part of the config's identity). Adding a family is one
 package under pipelines/ plus one line below; tests register theirs with `register()` or name it by reference
 ("module:attribute", importable in the workers). Nothing here imports a family until it is asked for.

@@ -43,7 +43,10 @@ def new_manifest() -> dict:
                    "placement": None,  # the offload placement's last plan and weight moves, where a family
                    # reports them (SeedVR2: resident / streamed DiT blocks, VAE moves); None: resident
                    "executor": None, "load_s": None,
-                   "loras": []},  # each LoRA merged into the DiT: file, sha256, strength, adaln_strength
+                   "loras": [],  # each LoRA merged into the DiT: file, sha256, strength, adaln_strength
+                   "live_switch": None},  # live options (H3's LoRAs) changed before this request: in place
+        # {"in_place": true, "s", "partitions": {name: {"weights", "lora_bytes"}}}, or by starting the workers
+        # again {"in_place": false, "why"}; None: the engine already ran with them
         "stages": {key: ([] if key == "denoise_steps_s" else None) for key in STAGE_KEYS},
         "extra_stages": {},  # a family's own stage seconds (SeedVR2: prepare / encode / dit / decode / colour fix)
         "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (this request's; None on CPU),

@@ -151,7 +151,7 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         return stop["requested"] or services.interrupt_requested()
 
     try:
-        result = engine.generate(request, progress=progress, should_cancel=should_cancel)
+        result = engine.generate(request, progress=progress, should_cancel=should_cancel, config=handle.config)
     except EngineCancelled as exc:
         message = on_cancelled(exc) if on_cancelled is not None else "Stopped by the user."
         raise services.interrupt_exception_types()[-1](message) from None

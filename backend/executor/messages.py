@@ -11,6 +11,7 @@ class Job:
     job_id: int
     kind: str  # the engine config's model family (the worker runs its pipeline)
     request: Any
+    live: dict | None = None  # the engine config's live options (families.py), set on the pipeline before the run
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Done:
 @dataclass
 class Failed:
     job_id: int | None  # None: failed while starting/loading
-    kind: str  # "error" | "oom" | "cancelled" | "request"
+    kind: str  # "error" | "oom" | "cancelled" | "request" | "reload" (live options not taken in place)
     message: str
     traceback: str = ""
     extra: dict = field(default_factory=dict)

@@ -261,9 +261,11 @@ class MpExecutor:
             self.kill()
             raise error(message)
 
-    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None) -> Iterator:
-        """Submit one job; yield Progress events; return the result (via StopIteration value) or raise."""
-        job = Job(next(self._ids), kind, request)
+    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None,
+            live: dict | None = None) -> Iterator:
+        """Submit one job (`live`: the engine's live options); yield Progress events; return the result (via
+        StopIteration value) or raise."""
+        job = Job(next(self._ids), kind, request, live)
         self._shared.stop.value = 0
         self._watchdog.job_started()
         for commands in self._commands:

@@ -272,11 +272,12 @@ class RayExecutor:
 
     # -- jobs ------------------------------------------------------------------------------------------------------
 
-    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None) -> Iterator:
+    def run(self, kind: str, request, should_cancel: Callable[[], bool] | None = None,
+            live: dict | None = None) -> Iterator:
         """Submit one job to every rank; yield rank 0's Progress; return the result (StopIteration value) or raise
         WorkerFailed / WorkerDied."""
         ray = self._ray
-        job = Job(next(self._ids), kind, request)
+        job = Job(next(self._ids), kind, request, live)
         try:  # before the ranks read it; also drops stale progress
             ray.get(self._control.set_stop.remote(0), timeout=CONTROL_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -66,7 +66,7 @@ def _run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sh
              family: str | None = None):
     import torch
 
-    from ..errors import Cancelled, RequestError
+    from ..errors import Cancelled, ReloadNeeded, RequestError
     from .messages import Done, Failed, Progress
 
     if family is not None and job.kind != family:
@@ -79,12 +79,16 @@ def _run_job(pipeline, rank: int, job, emit: Callable[[object], None] | None, sh
 
     try:
         with torch.no_grad():
+            if job.live is not None:  # the engine's live options (families.py): switched in place, or ReloadNeeded
+                pipeline.set_live_options(job.live)
             result = pipeline.run(job.request, on_step=on_step, should_stop=should_stop)
         return Done(job.job_id, result if rank == 0 else None)
     except Cancelled as exc:
         return Failed(job.job_id, "cancelled", str(exc), extra=dict(getattr(exc, "extra", None) or {}))
     except RequestError as exc:
         return Failed(job.job_id, "request", str(exc))
+    except ReloadNeeded as exc:
+        return Failed(job.job_id, "reload", str(exc))
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return Failed(job.job_id, "oom", f"Out of GPU memory: {exc}", traceback.format_exc())

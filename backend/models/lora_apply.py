@@ -191,7 +191,7 @@ def apply_loras(model: torch.nn.Module, choices: Sequence[LoraChoice]) -> dict:
     old = set(getattr(model, "lora_keys", ()))
     base: dict[str, torch.Tensor] | None = getattr(model, "lora_base", {})
     if not choices and not old:
-        model.loras, model.lora_keys = [], set()
+        model.loras, model.lora_keys, model.lora_base = [], set(), base
         return {"weights": 0, "lora_bytes": 0}
     device = next(p for p in model.parameters() if p.numel()).device
     loras = _read(choices, _shapes(model), device)

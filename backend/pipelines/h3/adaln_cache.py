@@ -141,6 +141,15 @@ class AdaLNCache:
         finally:
             self._place_holders()
 
+    def release(self) -> None:
+        """End the cache: the projection weights back on the modules for good (on the device, copies of the host
+        ones), its tables dropped. A LoRA switch does this, then builds a new cache over the switched weights."""
+        for j, lin in enumerate(self._linears):
+            lin.weight.data, lin.bias.data = (t.to(self.device, copy=True) for t in self._host[j])
+        self._tables.clear()
+        self._home = None
+        self._host = []
+
     # ---- tables ------------------------------------------------------------------------------------------------
     def evict(self, key: StepKey | None = None) -> None:
         """Drop one key's tables (all with None)."""

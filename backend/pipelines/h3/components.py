@@ -11,6 +11,7 @@ reads every config and every safetensors header before a weight loads.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -293,6 +294,38 @@ class H3Components:
                 self._adaln[name] = AdaLNCache(dit)  # moves the projection weights to host memory now
             self._dits[name] = dit
         return self._dits[name]
+
+    def switch_loras(self, choices) -> dict | None:
+        """Make `choices` (LoraChoice, in order) the DiT's LoRAs: in place in every loaded partition
+        (models/lora_apply.py: bitwise what a load with them gives; the AdaLN cache is rebuilt over the switched
+        projections), and the ones loaded later load with them. What the switch did (None: nothing to do). Raises
+        ReloadNeeded where it cannot be done in place (streamed blocks; a base weight held only as FP8 codes)."""
+        from ...errors import ReloadNeeded
+        from ...models.lora_apply import CannotSwitch, apply_loras
+
+        choices = tuple(choices)
+        if choices == tuple(self.options.loras):
+            return None
+        start = time.perf_counter()
+        if self.residency is not None and self._dits:
+            raise ReloadNeeded("the offload placement's streamed DiT blocks take LoRAs at load only")
+        done = {"in_place": True, "partitions": {}}
+        for name, dit in self._dits.items():
+            cache = self._adaln.pop(name, None)
+            if cache is not None:
+                cache.release()
+            try:
+                done["partitions"][name] = apply_loras(dit, choices)
+            except CannotSwitch as exc:
+                raise ReloadNeeded(str(exc)) from None
+            finally:
+                if cache is not None:
+                    self._adaln[name] = AdaLNCache(dit)
+        self.options = replace(self.options, loras=choices)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        done["s"] = round(time.perf_counter() - start, 4)
+        return done
 
     def _adaln_cached(self, dit: H3Transformer) -> bool:
         """adaln "cache" applies to a DiT with full AdaLN projections; for a pruned native DiT (projections over an

@@ -69,6 +69,7 @@ def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | 
 
 class H3Family:
     name = "h3"
+    live_options = ("loras",)  # switched on a loaded engine (H3Components.switch_loras), not reloaded
 
     def check(self, config: EngineConfig) -> None:
         o = config.options

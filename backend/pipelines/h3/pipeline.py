@@ -38,6 +38,13 @@ class H3Pipeline:
         self.attention = attention
         self.preview: StepPreview | None = None  # the running request's previews (rank 0, when asked for)
         self._latent_rgb: LatentRGB | None = None  # the preview projection, fitted once from this engine's VAE
+        self._switched: dict | None = None  # what the last live-option switch did, for the next manifest
+
+    def set_live_options(self, live: dict) -> None:
+        """The engine's live options (families.py) before a job: the LoRAs, switched in place when they changed."""
+        done = self.c.switch_loras(live.get("loras", ()))
+        if done is not None:
+            self._switched = done
 
     @torch.no_grad()
     def run(self, req, on_step: StepCallback | None = None, should_stop: Callable[[], bool] | None = None) -> H3Result:
@@ -52,6 +59,7 @@ class H3Pipeline:
         result.manifest = pipeline_part(
             self.recorder, self.parallel, kind=req.task, family="h3", task=req.task, shapes=_shapes(result),
             seed=req.seed, steps=req.steps, timings=result.timings, adaln=self.c.adaln_report())
+        result.manifest["engine"]["live_switch"], self._switched = self._switched, None
         return result
 
     def denoise(self, dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor,
