@@ -90,6 +90,15 @@ def test_lora_node_chains_into_a_text_to_video_prompt(comfy):
     assert entry["status"]["status_str"] == "success", comfy.why(json.dumps(entry["status"])[:3000])
     saved = sorted((comfy.output_dir / "H3").glob("lora_text_to_video_*.mp4"))
     assert len(saved) == 1 and probe_mp4(str(saved[0]))["frames"] == 124
+    # another strength on the next prompt: the loaded engine switches in place (the same worker processes)
+    workers = comfy.workers()
+    prompt["10"]["inputs"]["strength"] = 0.5
+    status, body = comfy.request("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 200, body
+    entry = comfy.wait_for_prompt(body["prompt_id"])
+    assert entry["status"]["status_str"] == "success", comfy.why(json.dumps(entry["status"])[:3000])
+    assert len(sorted((comfy.output_dir / "H3").glob("lora_text_to_video_*.mp4"))) == 2
+    assert comfy.workers() == workers, comfy.why(f"workers {workers} -> {comfy.workers()}: the model loaded again")
 
 
 def test_bad_input_is_refused_before_running(comfy):
