@@ -4,7 +4,7 @@ x2 to 2688x1536 -> 61 latent frames x 192 x 336 latent pixels -> 61 x 96 x 168 =
     python bench/seedvr2.py attention [--variant 3b] [--frames 241] [--json OUT]
     python bench/seedvr2.py dit [--naive] [--fp8]  # our DiT step vs a straightforward port of the official forward
     python bench/seedvr2.py pipeline               # the whole upscale, time per stage, peak memory
-        [--size WxH] [--vae-tile PX | ENC DEC] [--memory-gib G] [--resident-blocks all|auto|N] [--fp8]
+        [--size WxH] [--vae-tile PX | ENC DEC] [--vae-tile-stats frame|tile] [--memory-gib G] [--resident-blocks all|auto|N] [--fp8]
         [--save F.pt | --compare F.pt]             # a smaller card (capped memory), streamed blocks, equality
     python bench/seedvr2.py sp --world 2           # window SP over N GPUs (NCCL) vs 1 GPU: error, time, peak per rank
     python bench/seedvr2.py sp --pipeline --world 2   # the whole upscale on N GPUs (VAE spread too): stages, peak per rank
@@ -229,7 +229,7 @@ def stage_pipeline(args) -> None:
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     req = UpscaleRequest(video, scale=None if size else args.scale, **size, batch_frames=args.batch_frames,
-                         overlap=8, timings=True, vae_tile=vae_tile)
+                         overlap=8, timings=True, vae_tile=vae_tile, vae_tile_stats=args.vae_tile_stats)
     geometry, plan, memory = pipe.plan(req)
     print(f"  plan: batch {plan.batch} x {plan.count}, VAE tiles {memory.vae_tiles}", flush=True)
     res = pipe.run(req)
@@ -237,7 +237,7 @@ def stage_pipeline(args) -> None:
     frames = res.frames
     record = {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
               "output": list(frames.shape), "batches": res.batches, "batch_frames": plan.batch,
-              "vae_tiles": list(memory.vae_tiles), "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
+              "vae_tiles": list(memory.vae_tiles), "vae_tile_stats": args.vae_tile_stats, "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
               "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in res.timings.items()},
               "peak_gib": round(max(RUN_PEAK[0], torch.cuda.max_memory_allocated()) / 2**30, 2),
@@ -520,6 +520,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="vae_tiling: the tiny VAE on the CPU; sp --pipeline: the "
                     "tiny files on gloo CPU ranks (smoke runs)")
     ap.add_argument("--pipeline", action="store_true", help="sp: the whole upscale (the VAE spread over the ranks too)")
+    ap.add_argument("--vae-tile-stats", default="frame", choices=["frame", "tile"],
+                    help="pipeline: a tiled VAE's GroupNorm statistics (the request's vae_tile_stats)")
     ap.add_argument("--vae-tile", type=int, nargs="+", default=[0],
                     help="pipeline: the request's VAE tile (px; 0 = auto), or encode and decode tiles")
     ap.add_argument("--size", help="pipeline: the output's WIDTHxHEIGHT (instead of --scale), e.g. 1920x1080")

@@ -167,6 +167,8 @@ SEEDVR2_VARIANTS = {  # name -> what it changes from the CUDA default: switches,
     # the pipeline runs) and with the tiles' own (one pass)
     "tiled": {"tiles": "frame"},
     "tiled_own": {"tiles": "own"},
+    "tiled_torch": {**_TORCH_PATH, "tiles": "frame"},  # the tiled path on the torch ops (NCDHW, fp64 moments)
+    "tiled_kernels_ncdhw": {**_TORCH_PATH, "norm_kernels": True, "tiles": "frame"},
 }
 
 

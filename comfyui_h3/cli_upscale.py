@@ -42,7 +42,7 @@ def build_request(args):
     return UpscaleRequest(frames=PlannedFrames(args.video, plan), **target, batch_frames=args.batch_frames,
                           overlap=args.overlap,
                           color_fix=args.color_fix, seed=args.seed, edge=args.edge, vae_tile=args.vae_tile,
-                          scene_cuts=args.scene_cuts,
+                          vae_tile_stats=args.vae_tile_stats, scene_cuts=args.scene_cuts,
                           fps=Fraction(plan.frame_rate), audio=audio, sample_rate=sample_rate,
                           encode_options={"crf": args.crf, "preset": "veryfast",
                                           "metadata": {"comment": "comfyui-h3 upscale"}})

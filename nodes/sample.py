@@ -151,7 +151,9 @@ def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_
         return stop["requested"] or services.interrupt_requested()
 
     try:
-        result = engine.generate(request, progress=progress, should_cancel=should_cancel, config=handle.config)
+        # the config this prompt's handle names (its LoRAs), whatever another prompt retargeted the engine to
+        chosen = {"config": handle.config} if hasattr(handle, "config") else {}
+        result = engine.generate(request, progress=progress, should_cancel=should_cancel, **chosen)
     except EngineCancelled as exc:
         message = on_cancelled(exc) if on_cancelled is not None else "Stopped by the user."
         raise services.interrupt_exception_types()[-1](message) from None

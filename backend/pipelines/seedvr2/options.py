@@ -10,6 +10,7 @@ from ...options import SEED, Option, OptionTable, resident_blocks_option
 from .colorfix import METHODS
 
 COLOR_FIXES = METHODS  # the modes by name (read when a list is made: a mode added there shows everywhere)
+VAE_TILE_STATS = ("frame", "tile")  # a tiled VAE's GroupNorm statistics: the frame's (2 passes) or each tile's own
 EDGE_MODES = ("pad", "crop")  # making the size a multiple of 16: replicate-pad (cropped back after) or centre-crop
 TARGETS = ("scale", "short side", "width x height")
 MIN_SCALE, MAX_SCALE = 0.25, 8.0
@@ -93,6 +94,15 @@ UPSCALE = OptionTable(
                    "and decode sized apart, chosen before any work. A number: tiles of at most this many pixels a "
                    "side (a multiple of 8, at least 128; one GPU only). Tiles are close to, not equal to, the "
                    "whole-frame result, and slower."),
+    Option("vae_tile_stats", "choice", "frame", choices=VAE_TILE_STATS, node="optional",
+           message="VAE tile statistics {value!r} is not {range}.",
+           help="Where the VAE runs in tiles: frame (the frame's GroupNorm statistics from a first pass over the "
+                "tiles: closest to whole frames, about twice the VAE time) or tile (each tile's own: one pass, a "
+                "larger error).",
+           tooltip="Only where the VAE runs in tiles (vae_tile, or auto on a small card). frame: each GroupNorm "
+                   "uses the whole frame's statistics, taken in a first pass over the tiles: the closest to the "
+                   "whole-frame result, about twice the VAE time. tile: each tile's own statistics: one pass, "
+                   "faster, a larger difference from whole frames."),
     Option("scene_cuts", "bool", True, node="optional",
            help="Keep hard cuts: no batch spans a cut and no cross-fade blends two shots (cuts found from frame "
                 "differences before any work). --no-scene-cuts batches the clip as one shot.",

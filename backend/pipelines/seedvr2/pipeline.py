@@ -138,7 +138,8 @@ class SeedVR2Pipeline:
                 frames = restore_batch(self.c, req.frames[start:stop], geometry, req.color_fix,
                                        batch_generator(req.seed, k), p, routing_for,
                                        self.runtime.attention, timings if req.timings else None,
-                                       vae_tile=memory.vae_tiles, check=lambda k=k: check(k))
+                                       vae_tile=memory.vae_tiles, check=lambda k=k: check(k),
+                                       frame_stats=req.vae_tile_stats == "frame")
                 if blender is not None:
                     for chunk in blender.push(frames):
                         sink.write(chunk)
@@ -176,7 +177,8 @@ class SeedVR2Pipeline:
                   "model": list(geometry.model), "batches": plan.count, "batch_frames": plan.batch,
                   "scene_cuts": list(plan.cuts)}
         shapes["vae_tiles"] = {"encode": memory.vae_tiles[0], "decode": memory.vae_tiles[1],
-                               "chosen": "auto" if memory.auto_tiles else ("asked" if req.vae_tile else "whole")}
+                               "chosen": "auto" if memory.auto_tiles else ("asked" if req.vae_tile else "whole"),
+                               "stats": req.vae_tile_stats if any(memory.vae_tiles) else None}
         stage_timings = {"total_s": timings["total_s"]}
         if "decode_s" in timings:
             stage_timings["decode_s"] = timings["decode_s"]

@@ -28,6 +28,7 @@ class UpscaleRequest:
     vae_tile: 0 (auto: whole frames when they fit, else on one GPU the tiles memory.plan_memory chooses), or the VAE
     encodes and decodes in tiles of at most this many pixels a side (a multiple of 8, >= 128; one GPU): close to, not
     equal to, the whole pass (vae_tiling.py).
+    vae_tile_stats: a tiled VAE's GroupNorm statistics, "frame" (from a first pass) or "tile" (each tile's own).
     scene_cuts: hard cuts found in `frames` (scene_cuts.py) are kept: batches planned shot by shot (batches.py)."""
 
     frames: "torch.Tensor | PlannedFrames"
@@ -47,6 +48,7 @@ class UpscaleRequest:
     sample_rate: int | None = None
     timings: bool = False  # seconds per stage in the result (synchronises the device at stage borders)
     vae_tile: int = 0
+    vae_tile_stats: str = "frame"
     scene_cuts: bool = True
 
     @property

@@ -63,14 +63,15 @@ def draw_noise_aside(generator: torch.Generator, t_lat: int, h: int, w: int, pin
 
 
 def sample_condition(vae, video: torch.Tensor, generator: torch.Generator,
-                     eps: torch.Tensor | Future | None = None, vae_tile: int = 0, check=None) -> torch.Tensor:
+                     eps: torch.Tensor | Future | None = None, vae_tile: int = 0, check=None,
+                     frame_stats: bool = True) -> torch.Tensor:
     """Model frames [3, F', H', W'] -> the condition latent [T, h, w, 16] (float32): the posterior sample
     (mean + exp(logvar / 2) * eps) x LATENT_SCALE. `eps`: the standard normal draw [1, 16, T, h, w] to use instead
     of drawing it from `generator` (a future of draw_noise_aside: its first, taken once the encode is done);
     `vae_tile`: encode in tiles of at most this many pixels (0: whole frames); `check`: the Stop check between the
     VAE's time slices (and tiles)."""
     if vae_tile:
-        mean, logvar = tiled_encode(vae, video[None], vae_tile, check=check)
+        mean, logvar = tiled_encode(vae, video[None], vae_tile, check=check, frame_stats=frame_stats)
     else:
         mean, logvar = vae.encode(video[None], check=check)
     if isinstance(eps, Future):
@@ -117,13 +118,14 @@ def _velocity(c, cond: torch.Tensor, x_t: torch.Tensor | None, generator: torch.
 def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str, generator: torch.Generator,
                   parallel, routing_for=None, attention=None, timings: dict | None = None,
                   noise: tuple[torch.Tensor, torch.Tensor] | None = None, vae_tile: int | tuple[int, int] = 0,
-                  check=None) -> torch.Tensor | None:
+                  check=None, frame_stats: bool = True) -> torch.Tensor | None:
     """frames: uint8 [n, h, w, 3] (host) -> uint8 [n, H, W, 3] on the device (rank 0; None on other ranks).
     `routing_for(grid)`: the DiT's window routing for a latent token grid (None: one rank); `attention`: the
     runtime's attention backend (None: the registry's sdpa); `timings`: seconds per stage are added to it;
     `noise`: (posterior eps [1, 16, T, h, w], x_T [T, h, w, 16]) used instead of drawing them from `generator`
     (the same on every rank; the official-parity test injects the official code's draws); `vae_tile`: the VAE in
-    tiles of at most this many pixels, or (encode tile, decode tile) (one rank; 0: whole frames). `check()`: the
+    tiles of at most this many pixels, or (encode tile, decode tile) (one rank; 0: whole frames), their GroupNorms
+    on the frame's statistics (`frame_stats`, vae_tiling.py) or each tile's own. `check()`: the
     Stop check (raises Cancelled; with several ranks it agrees over all of them), asked at every stage border and
     between the DiT's blocks, on one rank also between the VAE's time slices and tiles (the ranks' VAE passes
     exchange frames slice by slice: a rank leaving there would strand its neighbours), so a batch of the whole clip
@@ -147,7 +149,8 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     encode_tile, decode_tile = split_tiles(vae_tile)
     _enter_vae(c)
     with _stage(timings, "encode_s", dev):
-        cond = sample_condition(c.vae, video, generator, eps if drawn is None else drawn, encode_tile, check)
+        cond = sample_condition(c.vae, video, generator, eps if drawn is None else drawn, encode_tile, check,
+                                frame_stats)
     if drawn is not None:
         x_t = drawn.result()[1]
     check()
@@ -159,7 +162,7 @@ def restore_batch(c, frames: torch.Tensor, geometry: Geometry, color_method: str
     _enter_vae(c)
     with _stage(timings, "decode_s", dev):
         z = x0.permute(3, 0, 1, 2)[None].to(c.vae_dtype)  # decoded below: [3, F', H', W']
-        decoded = (tiled_decode(c.vae, z, decode_tile, check=check) if decode_tile else
+        decoded = (tiled_decode(c.vae, z, decode_tile, check=check, frame_stats=frame_stats) if decode_tile else
                    c.vae.decode(z, check=check))[0]
         del z
     del x0

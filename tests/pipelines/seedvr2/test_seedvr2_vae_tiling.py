@@ -216,6 +216,11 @@ def test_pipeline_with_a_vae_tile_on_the_tiny_files(pipe):
     assert tiled.shape == plain.shape == (5, 128, 192, 3)
     diff = (tiled.float() - plain.float()).abs()
     assert 0 < diff.mean() <= 2  # tiled, close (uint8 levels; measured 0.45)
+    # each tile's own statistics: the one-pass tiled VAE (vae_tiling with frame_stats=False), another result
+    own = pipe.run(UpscaleRequest(video, scale=4.0, seed=1, vae_tile=128, vae_tile_stats="tile"))
+    assert not torch.equal(own.frames, tiled) and own.manifest["request"]["shapes"]["vae_tiles"]["stats"] == "tile"
+    with pytest.raises(RequestError, match="VAE tile statistics 'rows' is not"):
+        UpscaleRequest(video, vae_tile=128, vae_tile_stats="rows").validate()
 
 
 def test_pipeline_refuses_a_vae_tile_on_several_ranks(pipe):
