@@ -94,6 +94,12 @@ UPSCALE = OptionTable(
                    "and decode sized apart, chosen before any work. A number: tiles of at most this many pixels a "
                    "side (a multiple of 8, at least 128; one GPU only). Tiles are close to, not equal to, the "
                    "whole-frame result, and slower."),
+    Option("scene_cuts", "bool", True, node="optional",
+           help="Keep hard cuts: no batch spans a cut and no cross-fade blends two shots (cuts found from frame "
+                "differences before any work). --no-scene-cuts batches the clip as one shot.",
+           tooltip="On: hard cuts in the video are found (from frame differences, before any work) and kept: no "
+                   "batch spans a cut and no cross-fade blends two shots. Off: the clip is batched as one shot. A "
+                   "clip without cuts is the same either way."),
     Option("vae_tile_stats", "choice", "frame", choices=VAE_TILE_STATS, node="optional",
            message="VAE tile statistics {value!r} is not {range}.",
            help="Where the VAE runs in tiles: frame (the frame's GroupNorm statistics from a first pass over the "
@@ -103,12 +109,6 @@ UPSCALE = OptionTable(
                    "uses the whole frame's statistics, taken in a first pass over the tiles: the closest to the "
                    "whole-frame result, about twice the VAE time. tile: each tile's own statistics: one pass, "
                    "faster, a larger difference from whole frames."),
-    Option("scene_cuts", "bool", True, node="optional",
-           help="Keep hard cuts: no batch spans a cut and no cross-fade blends two shots (cuts found from frame "
-                "differences before any work). --no-scene-cuts batches the clip as one shot.",
-           tooltip="On: hard cuts in the video are found (from frame differences, before any work) and kept: no "
-                   "batch spans a cut and no cross-fade blends two shots. Off: the clip is batched as one shot. A "
-                   "clip without cuts is the same either way."),
     label="SeedVR2 Upscale's {name}",
 )
 

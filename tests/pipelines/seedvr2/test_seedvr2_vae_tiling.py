@@ -243,7 +243,8 @@ def test_node_and_cli_pass_the_vae_tile_and_refuse_bad_ones_before_any_work(tmp_
     from comfyui_h3.nodes.seedvr2_upscale import H3SeedVR2Upscale
 
     optional = H3SeedVR2Upscale.INPUT_TYPES()["optional"]
-    assert list(optional)[-2:] == ["vae_tile", "scene_cuts"]  # appended in turn: saved workflows keep their order
+    assert list(optional)[-3:] == ["vae_tile", "scene_cuts", "vae_tile_stats"]  # appended in turn: saved workflows
+    # keep their order
     kind, spec = optional["vae_tile"]
     assert kind == "INT" and spec["default"] == 0 and spec["step"] == 8 and "tooltip" in spec
 
