@@ -53,14 +53,16 @@ class Engine:
     def started(self) -> bool:
         return self._executor is not None and self._executor.alive
 
-    def start(self, should_cancel: Callable[[], bool] | None = None) -> None:
+    def start(self, should_cancel: Callable[[], bool] | None = None, config: EngineConfig | None = None) -> None:
+        """Start the workers if they are not running; `config`: the one they load (default: the engine's; the
+        reload after a refused live switch loads the job's own, which differs at most in live options)."""
         with self._lock:
             if self.started:
                 return
             if self._executor is not None:  # died since last use
                 self._executor.shutdown()
             try:
-                executor = make_executor(self.config)
+                executor = make_executor(config or self.config)
             except (ImportError, ValueError) as exc:  # an optional executor's package is missing: say what to
                 raise EngineError(str(exc)) from None  # install; a liveness bound in the environment is not a number
 
@@ -108,7 +110,7 @@ class Engine:
                 log.info("Live options not taken in place (%s): starting the workers again", reload.message)
                 self._executor.shutdown(timeout=10.0)
                 self._executor = None
-                self.start(should_cancel)
+                self.start(should_cancel, config)
                 return self._run(config, request, progress, should_cancel, _load_seconds(self._executor),
                                  reload.message)
 

@@ -77,6 +77,11 @@ class H3Request:
     mask_feather: int | None = None  # px; None: the preset's
     schedule: str = "default"  # "default": `steps` on the shifted grid; "fasth3": the FastH3 student's 4-step ladder
     preview_every: int = 0  # a live preview with every N-th step's progress (preview.py); 0: none
+    # -- a start from existing latents (t2va / fl2va / ref2va; strength.py): the target's own latents ----------------
+    init_video: torch.Tensor | None = None  # normalised video latents [1, 24, T, h, w] of this request's geometry
+    init_audio: torch.Tensor | None = None  # normalised audio latents [2, 32, Ta]; None: the soundtrack regenerates
+    denoise: float = 1.0  # strength 0 < s <= 1: the first steps skipped, the source noised to where the rest starts
+    init_audio_mode: str = "same"  # same | keep | regenerate (strength.INIT_AUDIO)
 
     @property
     def task(self) -> str:
@@ -108,12 +113,40 @@ class H3Request:
         if unknown:
             raise RequestError(f"Reference kinds must be image, video or audio, got {unknown}.")
         self._check_references()
+        self._check_init()
         from .conditioning import check_reference_counts
 
         check_reference_counts([r.kind for r in self.references])
 
 
+    def _check_init(self) -> None:
+        """A start from latents: a strength in (0, 1], latents of the right rank, a soundtrack mode that has what
+        it needs; the shapes against the geometry are checked in the worker (the loaded model's factors)."""
+        from .strength import INIT_AUDIO
+
+        s = self.denoise
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 1:
+            raise RequestError(f"denoise must be a strength above 0 and at most 1 (1 = from noise), got {s!r}.")
+        if self.init_audio_mode not in INIT_AUDIO:
+            raise RequestError(f"init_audio_mode must be one of {', '.join(INIT_AUDIO)}, got {self.init_audio_mode!r}.")
+        if self.init_video is None:
+            if self.init_audio is not None or s != 1:
+                raise RequestError("A denoise strength below 1 (or a source soundtrack) needs the source's video "
+                                   "latents to start from.")
+            return
+        if self.source_frames is not None:
+            raise RequestError("A start from latents is for text / keyframe / reference generation, not an edit.")
+        if not isinstance(self.init_video, torch.Tensor) or self.init_video.dim() != 5 or self.init_video.shape[0] != 1:
+            raise RequestError("The source video latents must be a tensor [1, channels, T, h, w].")
+        if self.init_audio is not None and (not isinstance(self.init_audio, torch.Tensor) or self.init_audio.dim() != 3):
+            raise RequestError("The source audio latents must be a tensor [2, channels, Ta].")
+        if self.init_audio is None and (self.init_audio_mode == "keep" or (self.init_audio_mode == "same" and s != 1)):
+            raise RequestError(f"init_audio_mode {self.init_audio_mode!r} needs the source's audio latents; "
+                               "without them use 'regenerate'.")
+
     def _check_finite(self) -> None:
+        check_finite(self.init_video, "source video latents")
+        check_finite(self.init_audio, "source audio latents")
         check_finite(self.mask, "mask")
         check_finite(self.source_frames, "source video")
         check_finite(self.source_fps, "source video's frame rate")

@@ -23,7 +23,8 @@ from ..layout import (PackedLayout, ReferenceBlock, audio_rows_to_latents, build
                       held_at_condition, patchify, unpatchify)
 from ..request import H3Request, H3Result
 from ..schedule import DualSchedule
-from ..step_plan import StepCallback, StepPlan
+from ..step_plan import StepCallback
+from ..strength import start_rows, step_plan
 from ..student import check_student
 
 DEFAULT_ASPECT = (16, 9)  # the canvas without width/height or a keyframe to follow
@@ -130,14 +131,16 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
     video_noise = torch.randn((1, c.latent_channels, geo.latent_frames, geo.latent_height, geo.latent_width),
                               generator=gen, dtype=torch.float32)
     audio_noise = torch.randn((geo.audio_latents * 2, c.audio_channels), generator=gen, dtype=torch.float32)
-    video = torch.cat(cond_rows + [patchify(video_noise, patch)]).to(dev)
-    audio = torch.cat(cond.audio_rows + [audio_noise]).to(dev)
+    # from noise, or from the request's source latents at its strength (strength.py)
+    schedule = DualSchedule.named(req.schedule, req.steps, req.video_shift, req.audio_shift)
+    schedule, target_video, target_audio = start_rows(req, geo, schedule, video_noise, audio_noise, patch)
+    video = torch.cat(cond_rows + [target_video]).to(dev)
+    audio = torch.cat(cond.audio_rows + [target_audio]).to(dev)
 
     # 3. denoise
     t1 = time.perf_counter()
-    schedule = DualSchedule.named(req.schedule, req.steps, req.video_shift, req.audio_shift)
-    video, audio = pipe.denoise(dit, StepPlan.on_clocks(cond.layout, cond.text.to(dev), schedule), video, audio,
-                                on_step, should_stop)
+    video, audio = pipe.denoise(dit, step_plan(cond.layout, cond.text.to(dev), schedule, req.init_audio_mode),
+                                video, audio, on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1
 
     layout = cond.layout
