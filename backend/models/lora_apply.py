@@ -31,7 +31,14 @@ from .fp8_linear import Fp8Linear
 from .lora import LoraChoice, LoraFile, check_lora_finite, deltas, file_sha256, read_lora
 
 QKV_MEMBERS = ("to_q", "to_k", "to_v", "to_gate_compress")  # fused into attn.qkv_weight / qkv_fp8, in this order
-HOST_SHARE = 0.5  # of the host's free memory, what base copies may take
+HOST_SHARE = 0.5  # of the host's free memory, what one process's base copies may take (the H3 family divides it
+# among the ranks sharing a host when it builds a rank: set_host_share)
+
+
+def set_host_share(ranks_on_host: int) -> None:
+    """This process is one of `ranks_on_host` ranks on its host, each keeping its own base copies."""
+    global HOST_SHARE
+    HOST_SHARE = 0.5 / max(1, int(ranks_on_host))
 
 
 class CannotSwitch(RuntimeError):

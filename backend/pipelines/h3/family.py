@@ -193,6 +193,9 @@ class H3Family:
 
         settings = folder_settings(options.model_dir)
         device = str(runtime.device)
+        from ...models.lora_apply import set_host_share
+
+        set_host_share(runtime.parallel.world)  # each rank keeps base copies of what its LoRAs touch: one host
         engine_options = EngineOptions(
             device=device, dtype=runtime.compute_dtype, vae_dtype=getattr(torch, options.vae_dtype),
             attention=runtime.attention,
