@@ -318,6 +318,11 @@ class H3Components:
                 done["partitions"][name] = apply_loras(dit, choices)
             except CannotSwitch as exc:
                 raise ReloadNeeded(str(exc)) from None
+            except CheckpointError:  # a bad or changed file: refused before any weight changed
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. out of memory half way: these weights are mixed now
+                self._dits.clear()
+                raise ReloadNeeded(f"switching the LoRAs failed part way ({type(exc).__name__}: {exc})") from None
             finally:
                 if cache is not None:
                     self._adaln[name] = AdaLNCache(dit)

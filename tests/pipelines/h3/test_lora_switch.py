@@ -200,3 +200,25 @@ def test_two_gloo_ranks_switch_together_and_equal_one_fresh_rank(tiny_h3_dir, tw
     assert got.manifest["engine"]["live_switch"]["in_place"] is True
     for g, w in ((got.video_latents, want.video_latents), (got.audio_latents, want.audio_latents)):
         assert (g - w).abs().max() <= 1e-5 * max(1.0, w.abs().max().item())  # the ranks' text sums: other order
+
+
+def test_a_switch_failing_half_way_asks_for_a_reload(tiny_h3_dir, two_loras, monkeypatch):
+    from comfyui_h3.backend.errors import ReloadNeeded
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    one, two = two_loras
+    pipe = h3_config(str(tiny_h3_dir), dtype="float32", loras=[(one, 1.0)]).build_pipeline(0)
+    pipe.run(_request())
+    calls = []
+    real = lora_apply._install
+
+    def failing(model, values):
+        calls.append(1)
+        if len(calls) == 2:  # one block switched, the next fails (as an out-of-memory would)
+            raise RuntimeError("out of memory")
+        real(model, values)
+
+    monkeypatch.setattr(lora_apply, "_install", failing)
+    with pytest.raises(ReloadNeeded, match="failed part way"):
+        pipe.set_live_options({"loras": (lora_choice(two),)})
+    assert not pipe.c._dits  # the mixed weights are dropped, never run
