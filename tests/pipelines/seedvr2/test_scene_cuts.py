@@ -97,6 +97,6 @@ def test_the_option_reaches_the_cli_and_the_node():
     assert _parser().parse_args(base).scene_cuts is True
     assert _parser().parse_args(base + ["--no-scene-cuts"]).scene_cuts is False
     optional = H3SeedVR2Upscale.INPUT_TYPES()["optional"]
-    assert list(optional)[-1] == "scene_cuts"  # appended: saved workflows keep their widget order
+    assert list(optional)[-2:] == ["scene_cuts", "vae_tile_stats"]  # appended: saved workflows keep their order
     kind, spec = optional["scene_cuts"]
     assert kind == "BOOLEAN" and spec["default"] is True and spec["tooltip"]

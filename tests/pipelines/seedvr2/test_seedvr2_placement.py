@@ -233,7 +233,8 @@ def test_the_pipeline_runs_the_tiles_it_chose_and_the_manifest_names_them(tiny, 
     chosen = memory.MemoryPlan(5, (160, 128), auto_tiles=True)
     monkeypatch.setattr(module, "plan_memory", lambda *a, **k: chosen)
     res = pipe.run(UpscaleRequest(video, scale=4.0, seed=2))  # 144x192 out: both tiles cut the frame
-    assert res.manifest["request"]["shapes"]["vae_tiles"] == {"encode": 160, "decode": 128, "chosen": "auto"}
+    assert res.manifest["request"]["shapes"]["vae_tiles"] == {"encode": 160, "decode": 128, "chosen": "auto",
+                                                              "stats": "frame"}
     geometry, _, _ = pipe.plan(UpscaleRequest(video, scale=4.0, seed=2))
     direct = restore_batch(pipe.c, video, geometry, "wavelet", batch_generator(2, 0), pipe.parallel,
                            vae_tile=(160, 128))
