@@ -211,7 +211,7 @@ def apply_loras(model: torch.nn.Module, choices: Sequence[LoraChoice]) -> dict:
     kept = base
     if base is not None:
         extra = [k for k in keys if k not in base]
-        need = sum(_current(model, k).numel() * _current(model, k).element_size() for k in extra)
+        need = sum(t.numel() * t.element_size() for t in map(lambda k: _current(model, k), extra))
         if need > _host_room():
             kept = None  # this switch still works; the next one away from it loads again
     units: dict[str, list[str]] = {}
@@ -225,10 +225,10 @@ def apply_loras(model: torch.nn.Module, choices: Sequence[LoraChoice]) -> dict:
                 if base is not None and key in base:
                     values[key] = base[key].to(device, copy=True)
                 else:
-                    current = _current(model, key)
+                    current = _current(model, key)  # the model's own storage: merged below into new tensors
                     if kept is not None:
                         kept[key] = current.to("cpu", copy=True)
-                    values[key] = current.clone()
+                    values[key] = current
             for choice, lora, handle in zip(choices, loras, handles):
                 for key, delta in _unit_deltas(lora, handle, device, unit):
                     strength = choice.strength_for(key)

@@ -318,14 +318,19 @@ class H3Components:
                 done["partitions"][name] = apply_loras(dit, choices)
             except CannotSwitch as exc:
                 raise ReloadNeeded(str(exc)) from None
-            except CheckpointError:  # a bad or changed file: refused before any weight changed
+            except CheckpointError:  # a file this partition refuses, before any of its weights changed
+                if done["partitions"]:  # partitions switched before it would run another set than the options'
+                    self._dits.clear()
+                    self._adaln.clear()
+                elif cache is not None:
+                    self._adaln[name] = AdaLNCache(dit)  # as it was
                 raise
             except Exception as exc:  # noqa: BLE001 - e.g. out of memory half way: these weights are mixed now
                 self._dits.clear()
+                self._adaln.clear()
                 raise ReloadNeeded(f"switching the LoRAs failed part way ({type(exc).__name__}: {exc})") from None
-            finally:
-                if cache is not None:
-                    self._adaln[name] = AdaLNCache(dit)
+            if cache is not None:
+                self._adaln[name] = AdaLNCache(dit)
         self.options = replace(self.options, loras=choices)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

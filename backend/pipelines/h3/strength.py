@@ -30,7 +30,7 @@ def skipped_steps(evaluations: int, strength: float) -> int:
 def truncated(schedule: DualSchedule, strength: float, init_audio: str, audio_shift: float) -> DualSchedule:
     """The schedule a start at `strength` runs: both ladders from step t_start on; audio "regenerate": the audio
     grid of the remaining steps from sigma 1; "keep": a constant audio ladder (the update ratio is 1: the rows
-    never change; their timestep comes from the plan, see audio_t)."""
+    never change; their timestep, 1, comes from the plan: step_plan)."""
     start = skipped_steps(schedule.num_evaluations, strength)
     video = schedule.video_sigmas[start:]
     if init_audio == "regenerate":
@@ -40,11 +40,6 @@ def truncated(schedule: DualSchedule, strength: float, init_audio: str, audio_sh
     else:
         audio = schedule.audio_sigmas[start:]
     return DualSchedule(video, audio)
-
-
-def audio_t(schedule: DualSchedule, i: int, init_audio: str) -> float:
-    """The audio target rows' timestep at step i: 1 (clean) when kept, else the audio clock's."""
-    return 1.0 if init_audio == "keep" else float(schedule.audio_t(i))
 
 
 def noised(source: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
