@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from ...device_memory import cuda_free_bytes
 from ...models.checkpoint import CheckpointError, check_finite, meta_shapes, read_json, reading, stored_shapes
 from ...models.h3_transformer import H3Transformer, load_h3_transformer
 from ...models.native_load import (check_native_file, load_native_audio_vae, load_native_text_encoder,
@@ -229,6 +230,18 @@ class H3Components:
         if self.residency is None or dit.block_offload is None:
             return None
         return self.residency.enter_dit(dit.block_offload, local_rows, total_rows, self.options.resident_blocks)
+
+    def dit_room(self, dit: H3Transformer) -> int | None:
+        """Device bytes a DiT forward's activations can have (row_fit.py): the free memory (resident placement);
+        under offload also what its stage may take from the other models and the DiT's own resident blocks, less its
+        minimum (two block slots). None on the CPU (nothing to check)."""
+        if self.device.type != "cuda":
+            return None
+        if self.residency is None or dit.block_offload is None:
+            return cuda_free_bytes(self.device)
+        streamer = dit.block_offload
+        movable = streamer.device_bytes() + sum(part.device_bytes for part in self.residency.parts.values())
+        return self.residency.free_bytes() + movable - streamer.device_bytes_for(0)
 
     # geometry read from the VAEs, so a fine-tune with other factors needs no code change
     @property

@@ -82,6 +82,7 @@ class H3Request:
     init_audio: torch.Tensor | None = None  # normalised audio latents [2, 32, Ta]; None: the soundtrack regenerates
     denoise: float = 1.0  # strength 0 < s <= 1: the first steps skipped, the source noised to where the rest starts
     init_audio_mode: str = "same"  # same | keep | regenerate (strength.INIT_AUDIO)
+    init_clip: object | None = None  # init_clip.InitClip: a decoded clip to start from (encoded by the worker)
 
     @property
     def task(self) -> str:
@@ -129,10 +130,13 @@ class H3Request:
             raise RequestError(f"denoise must be a strength above 0 and at most 1 (1 = from noise), got {s!r}.")
         if self.init_audio_mode not in INIT_AUDIO:
             raise RequestError(f"init_audio_mode must be one of {', '.join(INIT_AUDIO)}, got {self.init_audio_mode!r}.")
+        if self.init_clip is not None:
+            self._check_init_clip()
+            return
         if self.init_video is None:
             if self.init_audio is not None or s != 1:
                 raise RequestError("A denoise strength below 1 (or a source soundtrack) needs the source's video "
-                                   "latents to start from.")
+                                   "latents (or a source video) to start from.")
             return
         if self.source_frames is not None:
             raise RequestError("A start from latents is for text / keyframe / reference generation, not an edit.")
@@ -144,9 +148,27 @@ class H3Request:
             raise RequestError(f"init_audio_mode {self.init_audio_mode!r} needs the source's audio latents; "
                                "without them use 'regenerate'.")
 
+    def _check_init_clip(self) -> None:
+        """A source clip (init_clip.InitClip), already on this request's grids; not beside source latents."""
+        from .init_clip import InitClip
+
+        clip = self.init_clip
+        if not isinstance(clip, InitClip):
+            raise RequestError(f"init_clip must be an InitClip (init_clip.prepare_init_clip), got {type(clip).__name__}.")
+        if self.init_video is not None or self.init_audio is not None:
+            raise RequestError("Start from source latents or from a source video, not both.")
+        if self.source_frames is not None:
+            raise RequestError("A start from a source video is for text / keyframe / reference generation; an edit "
+                               "has its own source.")
+        if (clip.num_frames, clip.size) != (self.num_frames, (self.width, self.height)):
+            raise RequestError(f"The source clip is {clip.size[0]}x{clip.size[1]}, {clip.num_frames} frames but the "
+                               f"request asks {self.width}x{self.height}, {self.num_frames} frames: the request "
+                               "follows its clip.")
+
     def _check_finite(self) -> None:
         check_finite(self.init_video, "source video latents")
         check_finite(self.init_audio, "source audio latents")
+        check_finite(getattr(self.init_clip, "waveform", None), "source video's soundtrack")
         check_finite(self.mask, "mask")
         check_finite(self.source_frames, "source video")
         check_finite(self.source_fps, "source video's frame rate")

@@ -21,7 +21,9 @@ from ..decode import decode_audio, decode_frames_to_host
 from ..geometry import Geometry, RequestError, resolve_canvas, resolve_geometry
 from ..layout import (PackedLayout, ReferenceBlock, audio_rows_to_latents, build_layout, build_reference_layout,
                       held_at_condition, patchify, unpatchify)
+from ..init_clip import with_clip_latents
 from ..request import H3Request, H3Result
+from ..row_fit import check_layout_fits
 from ..schedule import DualSchedule
 from ..step_plan import StepCallback
 from ..strength import start_rows, step_plan
@@ -120,9 +122,11 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
     patch, dev = c.patch_size, c.device
     dit = c.transformer_for(req.task)
 
-    # 1. text + conditions
+    # 1. text + conditions (and a source clip's latents)
     cond = CONDITIONS[req.task].encode(pipe, req, geo)
+    req = with_clip_latents(c, req, geo)
     timings["encode_s"] = time.perf_counter() - t0
+    check_layout_fits(geo, cond.layout, c.dit_room(dit), pipe.parallel.world, patch, c.spatial_ratio, str(dev))
 
     # 2. noise, in the reference's draw order
     gen = torch.Generator("cpu").manual_seed(req.seed)
