@@ -12,6 +12,7 @@ from .nodes.lora import H3LoRA
 from .nodes.mask_draw import H3MaskDraw
 from .nodes.mask_preview import H3MaskPreview
 from .nodes.preview_video import H3PreviewVideo
+from .nodes.refine import H3Refine
 from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
 from .nodes.seedvr2_loader import H3SeedVR2Loader
@@ -37,6 +38,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_SeedVR2Upscale": H3SeedVR2Upscale,
     "H3_TrackMask": H3TrackMask,
     "H3_LoRA": H3LoRA,
+    "H3_Refine": H3Refine,
 }
 NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_ModelLoader": "H3 Model Loader",
@@ -54,6 +56,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_SeedVR2Upscale": "SeedVR2 Upscale",
     "H3_TrackMask": "H3 Track Mask",
     "H3_LoRA": "H3 LoRA",
+    "H3_Refine": "H3 Refine (latent upscale to 1080p)",
 }
 WEB_DIRECTORY = "./js"
 

@@ -9,13 +9,14 @@ from .. import comfy_services as services
 from ..backend.engine import EngineCancelled, EngineError, shutdown_all
 from ..backend.manifest import summary as manifest_summary
 from ..backend.pipelines.h3.geometry import MAX_SECONDS, MIN_SECONDS, RequestError, frames_for_seconds
-from ..backend.pipelines.h3.options import SAMPLING
+from ..backend.pipelines.h3.options import SAMPLING, STRENGTH
 from ..backend.pipelines.h3.request import H3Request
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
 from . import native_latent_io as native_io
 from .adapters import build_references, single_image, waveform_to_audio
+from .sources import start_fields
 from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 def shift(value):
@@ -75,10 +76,20 @@ class H3Sample:
                                "the FastH3 student was distilled on (set steps to 4; load the student in H3 Model "
                                "Loader). Text-to-video only with the student."}),
                 **native_io.input_spec(
-                    "A native MiniMax-H3 AV LATENT (e.g. Empty MiniMax H3 AV Latent's) giving the size and length: "
-                    "its frames replace seconds, its size width/height (leave them 0). Its values are not used: "
-                    "sampling starts from noise, as a native sampler at denoise 1."),
+                    "A native MiniMax-H3 AV LATENT (e.g. Empty MiniMax H3 AV Latent's, or a native sampler's) giving "
+                    "the size and length: its frames replace seconds, its size width/height (leave them 0). At "
+                    "denoise 1 its values are not used (sampling starts from noise, as a native sampler's does); "
+                    "below 1 sampling starts from them."),
                 **sampling_extras(),
+                # appended after every saved widget: workflows saved before keep their order
+                "source_latents": ("H3_LATENTS", {"tooltip": (
+                    "Latents to start from (an earlier H3 Sample's): their frames and size replace seconds and "
+                    "width/height. Used below denoise 1 (restyle, clean up, re-time the sound).")}),
+                "source_video": ("VIDEO", {"tooltip": (
+                    "A video to start from (video-to-video): held onto 24 fps, cut to 17n+5 frames (its length "
+                    "replaces seconds), stretched to width x height when they are set, else fitted to a 32-multiple "
+                    "canvas; encoded by the VAE. Used below denoise 1.")}),
+                **STRENGTH.node_inputs("optional"),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -95,19 +106,21 @@ class H3Sample:
 
     def sample(self, engine, prompt, seconds, width, height, steps, video_shift, audio_shift, seed,
                first_frame=None, last_frame=None, reference_images=None, reference_video=None,
-               reference_audio=None, schedule="default", native_latent=None, unique_id=None, **more):
+               reference_audio=None, schedule="default", native_latent=None, unique_id=None, source_latents=None,
+               source_video=None, denoise=1.0, source_audio="same", **more):
         frames = seconds_to_frames(seconds)
-        if native_latent is not None:
-            try:
-                frames, width, height = native_io.latent_geometry(native_latent, width, height)
-            except RequestError as exc:
-                raise ValueError(str(exc)) from None
+        try:
+            native = None if native_latent is None else native_io.from_native(native_latent)
+            frames, width, height, start = start_fields(frames, width, height, denoise, source_audio, source_latents,
+                                                        source_video, native)
+        except RequestError as exc:
+            raise ValueError(str(exc)) from None
         request = H3Request(
             prompt=prompt, num_frames=frames, width=width or None, height=height or None,
             steps=steps, video_shift=shift(video_shift), audio_shift=shift(audio_shift), seed=seed,
             first_frame=single_image(first_frame, "first_frame"), last_frame=single_image(last_frame, "last_frame"),
             references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
-            **sampling_fields(more),
+            **sampling_fields(more), **start,
         )
         result = run_engine(engine, request, steps, unique_id)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)

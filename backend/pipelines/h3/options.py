@@ -46,6 +46,29 @@ SAMPLING = OptionTable(
     SEED.with_(tooltip="Same seed, same inputs -> same result.", message="{label} must be in [0, 2^64), got {value}."),
 )
 
+# A start from existing latents or a clip at a strength (strength.py): H3 Sample's and H3 Refine's, generate's and
+# refine's
+def _strength_rule(value) -> str | None:
+    return None if value > 0 else f"denoise must be a strength above 0 and at most 1 (1 = from noise), got {value!r}."
+
+
+STRENGTH_MESSAGE = "{label} must be a strength above 0 and at most 1 (1 = from noise), got {value!r}."
+STRENGTH = OptionTable(
+    Option("denoise", "float", 1.0, minimum=0.0, maximum=1.0, step=0.01, rule=_strength_rule, node="optional",
+           message=STRENGTH_MESSAGE, tooltip=(
+               "How much of the source to re-make: 1 = from noise (the source gives only the size and length); "
+               "below 1 the first steps are skipped and sampling starts from the source noised to where the rest "
+               "begins (diffusers' image-to-image rule). H3's schedule is shifted (12): 0.2 already restarts at "
+               "sigma 0.75, 0.5 at 0.92 -- small values change a lot."),
+           help="Strength from the source: 1 = from noise; below 1 the first steps are skipped (diffusers' img2img "
+                "rule)."),
+    Option("source_audio", "choice", "same", choices=("same", "keep", "regenerate"), stage="node", node="optional",
+           tooltip=("The soundtrack with a source below denoise 1. same: noised and re-made like the video. keep: "
+                    "the source's soundtrack exactly (held clean). regenerate: a new one from noise."),
+           help="The soundtrack with a source: same (re-made at the strength), keep (the source's exactly), "
+                "regenerate (from noise)."),
+)
+
 # How the engine runs (H3 Model Loader's choices and the CLI's engine flags)
 ENGINE = OptionTable(
     Option("dtype", "choice", "bfloat16", choices=DTYPES, stage="engine", help="Default: bfloat16 on CUDA, float32 "

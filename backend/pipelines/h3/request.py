@@ -125,9 +125,8 @@ class H3Request:
         it needs; the shapes against the geometry are checked in the worker (the loaded model's factors)."""
         from .strength import INIT_AUDIO
 
+        h3_options.STRENGTH["denoise"].check(self.denoise)
         s = self.denoise
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 1:
-            raise RequestError(f"denoise must be a strength above 0 and at most 1 (1 = from noise), got {s!r}.")
         if self.init_audio_mode not in INIT_AUDIO:
             raise RequestError(f"init_audio_mode must be one of {', '.join(INIT_AUDIO)}, got {self.init_audio_mode!r}.")
         if self.init_clip is not None:
