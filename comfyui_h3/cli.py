@@ -1,4 +1,4 @@
-"""Command line: `python -m comfyui_h3 {generate,edit,extend,upscale,run,demo,make-tiny} ...` (see --help of each)."""
+"""Command line: `python -m comfyui_h3 {generate,refine,edit,extend,upscale,run,demo,make-tiny} ...` (see --help of each)."""
 
 from __future__ import annotations
 
@@ -168,6 +168,32 @@ def _parser() -> argparse.ArgumentParser:
     _latents_option(g)
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
 
+    f = command("refine", help="Refine a clip to a larger size (1080p): its latents upscaled and denoised again by "
+                               "H3 (the latent route beside SeedVR2's upscale).")
+    _model_option(f)
+    source = f.add_mutually_exclusive_group(required=True)
+    source.add_argument("--latents", metavar="FILE.safetensors",
+                        help="The clip's latents (generate --save-latents): upscaled in latent space (bilinear).")
+    source.add_argument("--video", help="A video file instead: resized in pixels (Lanczos) onto --size, encoded there.")
+    f.add_argument("--prompt", required=True, help="The clip's prompt (the second pass is conditioned on it).")
+    f.add_argument("--size", default="1920x1088", metavar="WxH",
+                   help="Target size, multiples of 32, at least the source's (1920x1088: 1080p on H3's grid).")
+    from .backend.pipelines.h3.options import STRENGTH
+    from .backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE
+
+    STRENGTH["denoise"].add_flag(f, default=REFINE_DENOISE, checked=True)
+    STRENGTH["source_audio"].add_flag(f, default=REFINE_AUDIO)
+    _sampling_options(f, "Steps of the full schedule; the pass runs the last --denoise of them. Default: 50, or 4 "
+                         "with the fasth3 schedule.")
+    f.set_defaults(steps=None)
+    f.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
+                   help="default: --steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
+                        "auto: fasth3 with --fasth3, else default.")
+    _device_options(f)
+    add_manifest_option(f)
+    f.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
+    _latents_option(f, "the refined latents")
+
     e = command("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
     _model_option(e)
     e.add_argument("--video", required=True, help="Source video (5-15 s are used; 24 fps, 17n+5 frames, /32 size).")
@@ -275,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_signals() as stop:  # Ctrl-C / SIGTERM: a Stop, then quit (cli_signals.py); exit 128 + the signal
         stopped = 130 if stop is None else None  # main() off the main thread: the host's Ctrl-C
         try:
-            code = {"make-tiny": _make_tiny, "generate": _generate, "edit": _edit, "extend": _extend,
+            code = {"make-tiny": _make_tiny, "generate": _generate, "refine": _refine, "edit": _edit, "extend": _extend,
                     "upscale": _upscale, "run": _run, "demo": _demo}[args.command](args)
             return stop.exit_code if code == 130 and stop is not None and stop.requested else code  # a SIGTERM: 143
         except KeyboardInterrupt:
@@ -378,6 +404,13 @@ def _generate(args) -> int:
 
     args.device = resolve_device(args.device)
     return generate(args, lambda: _model_folder(args))
+
+
+def _refine(args) -> int:
+    from .cli_refine import refine
+
+    args.device = resolve_device(args.device)
+    return refine(args, lambda: _model_folder(args))
 
 
 def _edit(args) -> int:

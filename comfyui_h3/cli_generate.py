@@ -80,8 +80,9 @@ def build_request(args):
     )
 
 
-def generate(args, model_dir) -> int:
-    """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out)."""
+def generate(args, model_dir, build=None) -> int:
+    """`model_dir`: the model folder, or a callable that finds it (called once the inputs and outputs check out);
+    `build(args)`: the request (default: generate's own, build_request; refine passes its own)."""
     from .backend.media.save import write_mp4
     from .cli_manifest import finish_manifest, plan_manifest, timed_save, write_manifest
     from .cli_outputs import CliOutputs
@@ -94,7 +95,7 @@ def generate(args, model_dir) -> int:
     if not args.no_decode:
         video = outputs.add(args.out) if args.out else outputs.add_numbered("output", "h3", ".mp4")
     manifest = plan_manifest(args, outputs, video or latents)
-    request = build_request(args)
+    request = (build or build_request)(args)
     request.validate()
     result = run_on_engine(args, model_dir() if callable(model_dir) else model_dir, request, "denoise")
     if result is None:

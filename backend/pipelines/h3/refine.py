@@ -76,3 +76,18 @@ def refine_request(video: torch.Tensor, audio: torch.Tensor | None, prompt: str,
     return replace(request, init_video=upscale_latents(video, width, height, spatial_ratio),
                    init_audio=None if init_audio_mode == "regenerate" else audio.float(),
                    denoise=denoise, init_audio_mode=init_audio_mode)
+
+
+def refine_clip_request(frames, fps: float, waveform, sample_rate: int | None, prompt: str,
+                        width: int = REFINE_SIZE[0], height: int = REFINE_SIZE[1], denoise: float = REFINE_DENOISE,
+                        init_audio_mode: str = REFINE_AUDIO, **fields) -> H3Request:
+    """The same second pass from a decoded clip (uint8 [T, H, W, 3] at `fps`): the clip, fitted to its own canvas
+    first (to check the target against), is resized in pixels (LANCZOS) onto the target and encoded there by the
+    workers' VAE (init_clip.py) -- its latents would come from that VAE anyway, and a pixel resize blurs less than
+    the latent one."""
+    from .init_clip import prepare_init_clip
+
+    check_refine_size(prepare_init_clip(frames[:5], fps).size, (width, height))
+    clip = prepare_init_clip(frames, fps, waveform, sample_rate, width=width, height=height)
+    request = H3Request(prompt=prompt, num_frames=clip.num_frames, width=width, height=height, **fields)
+    return replace(request, init_clip=clip, denoise=denoise, init_audio_mode=init_audio_mode)
