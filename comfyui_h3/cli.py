@@ -176,9 +176,14 @@ def _parser() -> argparse.ArgumentParser:
                         help="The clip's latents (generate --save-latents): upscaled in latent space (bilinear).")
     source.add_argument("--video", help="A video file instead: resized in pixels (Lanczos) onto --size, encoded there.")
     f.add_argument("--prompt", required=True, help="The clip's prompt (the second pass is conditioned on it).")
-    f.add_argument("--size", default="1920x1088", metavar="WxH",
-                   help="Target size, multiples of 32, at least the source's (1920x1088: 1080p on H3's grid).")
-    from .backend.pipelines.h3.options import STRENGTH
+    from .backend.pipelines.h3.options import REFINE, STRENGTH
+
+    target = f.add_mutually_exclusive_group()
+    REFINE["short_side"].add_flag(target, default=None)
+    REFINE["scale"].add_flag(target, default=None)
+    target.add_argument("--size", default=None, metavar="WxH",
+                        help="Target width x height instead, multiples of 32, at least the source's. Default (none "
+                             "of the three): short side 1088, i.e. 1080p on H3's grid.")
     from .backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE
 
     STRENGTH["denoise"].add_flag(f, default=REFINE_DENOISE, checked=True)

@@ -33,20 +33,36 @@ def build_request(args):
     from .backend.pipelines.h3.refine import refine_clip_request, refine_request
     from .cli_generate import sampling_fields, sampling_plan
 
-    width, height = parse_size(args.size)
     schedule, steps = sampling_plan(args)
     fields = {**sampling_fields(args, steps=steps), "schedule": schedule, "decode": True}
-    common = dict(width=width, height=height, denoise=args.denoise, init_audio_mode=args.source_audio)
+    strength = dict(denoise=args.denoise, init_audio_mode=args.source_audio)
     if args.latents:
         video, audio = load_latents(args.latents)
-        return refine_request(video, audio, args.prompt, **common, **fields)
+        width, height = target_size(args, (video.shape[4] * 16, video.shape[3] * 16))
+        return refine_request(video, audio, args.prompt, width, height, **strength, **fields)
     from .backend.media.decode import decode_video
+    from .backend.pipelines.h3.init_clip import prepare_init_clip
 
     if not os.path.isfile(args.video):
         raise FileNotFoundError(f"Video not found: {args.video}")
     clip = decode_video(args.video)
-    return refine_clip_request(clip.frames.numpy(), float(clip.frame_rate), clip.audio, clip.sample_rate,
-                               args.prompt, **common, **fields)
+    frames, fps = clip.frames.numpy(), float(clip.frame_rate)
+    width, height = target_size(args, prepare_init_clip(frames[:5], fps).size)  # the clip's own canvas
+    return refine_clip_request(frames, fps, clip.audio, clip.sample_rate, args.prompt, width, height, **strength,
+                               **fields)
+
+
+def target_size(args, source: tuple[int, int]) -> tuple[int, int]:
+    """--size WxH, --scale X or --short-side N (default: short side 1088) for a source of (width, height)."""
+    from .backend.pipelines.h3.options import REFINE
+    from .backend.pipelines.h3.refine import refine_size
+
+    if args.size:
+        width, height = parse_size(args.size)
+        return refine_size(source, "size", width=width, height=height)
+    if args.scale is not None:
+        return refine_size(source, "scale", scale=args.scale)
+    return refine_size(source, "short_side", short_side=args.short_side or REFINE["short_side"].default)
 
 
 def refine(args, model_dir) -> int:

@@ -4,8 +4,8 @@ target size from a strength (pipelines/h3/refine.py has the method, its interpol
 from __future__ import annotations
 
 from ..backend.pipelines.h3.geometry import RequestError
-from ..backend.pipelines.h3.options import STRENGTH
-from ..backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE, REFINE_SIZE, refine_request
+from ..backend.pipelines.h3.options import REFINE, STRENGTH
+from ..backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE, refine_request, refine_size
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
@@ -48,11 +48,7 @@ class H3Refine:
                 "engine": ("H3_ENGINE", {"tooltip": "From H3 Model Loader (the model that made the latents)."}),
                 "prompt": ("STRING", {"multiline": True, "default": "",
                                       "tooltip": "The prompt of the clip (the second pass is conditioned on it)."}),
-                "width": ("INT", {"default": REFINE_SIZE[0], "min": 32, "max": 4096, "step": 32,
-                                  "tooltip": "Target width, a multiple of 32, at least the source's (1920: 1080p)."}),
-                "height": ("INT", {"default": REFINE_SIZE[1], "min": 32, "max": 4096, "step": 32,
-                                   "tooltip": "Target height, a multiple of 32, at least the source's (1088: 1080 "
-                                              "on H3's 32-pixel grid)."}),
+                **REFINE.inputs("target", "short_side", "scale", "width", "height"),
                 "denoise": denoise.input_spec(),
                 **sampling_inputs("steps", "video_shift", "audio_shift", "seed", steps_tooltip=(
                     "Steps of the full schedule; the pass runs the last denoise x steps of them.")),
@@ -75,21 +71,24 @@ class H3Refine:
             return "The prompt is empty: give the clip's prompt (the second pass is conditioned on it)."
         return True
 
-    def refine(self, engine, prompt, width, height, denoise, steps, video_shift, audio_shift, seed, latents=None,
-               source_audio=REFINE_AUDIO, schedule="default", native_latent=None, unique_id=None, **more):
+    def refine(self, engine, prompt, target, short_side, scale, width, height, denoise, steps, video_shift,
+               audio_shift, seed, latents=None, source_audio=REFINE_AUDIO, schedule="default", native_latent=None,
+               unique_id=None, **more):
         try:
             if (latents is None) == (native_latent is None):
                 raise RequestError("Connect the clip to refine: latents (H3 Sample's) or native_latent, one of them.")
             source = latents if latents is not None else native_io.from_native(native_latent)
+            h, w = source.video.shape[3:5]
+            width, height = refine_size((w * 16, h * 16), target, short_side, scale, width, height)
             request = refine_request(source.video, source.audio, prompt, width, height, denoise, source_audio,
                                      steps=steps, video_shift=shift(video_shift), audio_shift=shift(audio_shift),
                                      seed=seed, schedule=schedule, **sampling_fields(more))
         except RequestError as exc:
             raise ValueError(str(exc)) from None
-        result = run_engine(engine, request, steps, unique_id, desc="H3 refine",
-                            summary=refine_summary(source, width, height, denoise))
+        summary = refine_summary(source, width, height, denoise)
+        result = run_engine(engine, request, steps, unique_id, desc="H3 refine", summary=summary)
         video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
         out = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [run_summary(result, refine_summary(source, width, height, denoise))]},
+        return {"ui": {"text": [run_summary(result, summary)]},
                 "result": native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), out),
                                                 out)}

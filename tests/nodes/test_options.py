@@ -145,13 +145,13 @@ def test_the_h3_nodes_share_the_sampling_declarations():
 
 @pytest.mark.parametrize("command", ["generate", "refine", "edit", "extend", "upscale"])
 def test_cli_help_shows_each_declared_option_once_with_its_default_and_range(command):
-    from comfyui_h3.backend.pipelines.h3.options import ENGINE, SAMPLING, STRENGTH
+    from comfyui_h3.backend.pipelines.h3.options import ENGINE, REFINE, SAMPLING, STRENGTH
     from comfyui_h3.backend.pipelines.seedvr2.options import UPSCALE
     from comfyui_h3.cli import _parser
 
     sub = _parser()._subparsers._group_actions[0].choices[command]
     actions = {flag: action for action in sub._actions for flag in action.option_strings}
-    tables = {"upscale": (UPSCALE,), "refine": (SAMPLING, ENGINE, STRENGTH)}.get(command, (SAMPLING, ENGINE))
+    tables = {"upscale": (UPSCALE,), "refine": (SAMPLING, ENGINE, STRENGTH, REFINE)}.get(command, (SAMPLING, ENGINE))
     text = " ".join(sub.format_help().split())
     for option in (o for table in tables for o in table if o.cli_flag):
         flag = option.cli_flag

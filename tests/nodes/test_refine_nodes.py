@@ -41,7 +41,7 @@ def test_sample_refuses_bad_starts_before_any_engine_work(kw, message):
 def test_refine_refuses_bad_inputs_before_any_engine_work(kw, message):
     from comfyui_h3.nodes.refine import H3Refine
 
-    args = {"width": 256, "height": 128, "denoise": 0.2, **kw}
+    args = {"target": "size", "short_side": 1088, "scale": 1.43, "width": 256, "height": 128, "denoise": 0.2, **kw}
     with pytest.raises(ValueError, match=message):
         H3Refine().refine(_NoEngine(), "waves", steps=2, video_shift=12.0, audio_shift=3.0, seed=0, **args)
 
@@ -54,7 +54,9 @@ def test_the_new_inputs_come_after_every_saved_widget():
     assert optional[-4:] == ["source_latents", "source_video", "denoise", "source_audio"]
     spec = H3Refine.INPUT_TYPES()
     assert spec["required"]["denoise"][1]["default"] == 0.2
-    assert (spec["required"]["width"][1]["default"], spec["required"]["height"][1]["default"]) == (1920, 1088)
+    assert list(spec["required"])[2:8] == ["target", "short_side", "scale", "width", "height", "denoise"]
+    assert spec["required"]["target"][1]["default"] == "short_side"
+    assert spec["required"]["short_side"][1]["default"] == 1088
     assert spec["optional"]["source_audio"][1]["default"] == "keep"
 
 
@@ -80,7 +82,8 @@ def test_sample_from_a_source_and_refine_end_to_end(tmp_path, monkeypatch, tiny_
         clip = H3Sample().sample(handle, "storm", 5.0, 0, 0, seed=4, source_video=video, denoise=0.5, **sampling)
         assert clip["result"][0].get_dimensions() == (128, 64) and clip["result"][0].get_frame_count() == 124
         # the latent route: twice the size, the soundtrack kept
-        out = H3Refine().refine(handle, "waves", 256, 128, 0.5, seed=3, latents=latents, **sampling)
+        out = H3Refine().refine(handle, "waves", "scale", 1088, 2.0, 1920, 1088, 0.5, seed=3, latents=latents,
+                                **sampling)
     finally:
         shutdown_all()
     refined, audio, refined_latents = out["result"][:3]

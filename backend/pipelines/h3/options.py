@@ -69,6 +69,25 @@ STRENGTH = OptionTable(
                 "regenerate (from noise)."),
 )
 
+# H3 Refine's target (refine.py: refine_size) and its strength defaults; the node's widgets and refine's flags
+REFINE_TARGETS = ("short_side", "scale", "size")
+REFINE = OptionTable(
+    Option("target", "choice", "short_side", choices=REFINE_TARGETS, stage="node", flag=None, tooltip=(
+        "How the refined size is given: short side (the shorter side in pixels, the source's aspect kept), scale "
+        "(x the source) or width x height. Each side lands on a multiple of 32, never below the source's. The other "
+        "size widgets are ignored.")),
+    Option("short_side", "int", 1088, minimum=32, maximum=4096, step=32, stage="node", tooltip=(
+        "target short side: 1088 = 1080p on H3's 32-pixel grid (1344x768 -> 1920x1088)."),
+           help="Target short side in pixels, the source's aspect kept (default 1088: 1344x768 -> 1920x1088)."),
+    Option("scale", "float", 1.43, minimum=1.0, maximum=4.0, step=0.01, stage="node", tooltip=(
+        "target scale: each side x this, then onto 32s (1.43: 1344x768 -> 1920x1088, the 768p -> 1080p step)."),
+           help="Target scale: each side x this, onto multiples of 32."),
+    Option("width", "int", 1920, minimum=32, maximum=4096, step=32, stage="node", flag=None,
+           tooltip="target width x height: the width (a multiple of 32)."),  # the CLI's --size WxH
+    Option("height", "int", 1088, minimum=32, maximum=4096, step=32, stage="node", flag=None,
+           tooltip="target width x height: the height (a multiple of 32)."),
+)
+
 # How the engine runs (H3 Model Loader's choices and the CLI's engine flags)
 ENGINE = OptionTable(
     Option("dtype", "choice", "bfloat16", choices=DTYPES, stage="engine", help="Default: bfloat16 on CUDA, float32 "

@@ -35,6 +35,21 @@ INTERPOLATION = "bilinear"
 MAX_ASPECT_CHANGE = 0.1  # a target whose aspect differs more than 10 % from the source's is a mistake, not a refine
 
 
+def refine_size(source: tuple[int, int], target: str = "short_side", short_side: int = REFINE_SIZE[1],
+                scale: float = 1.43, width: int = REFINE_SIZE[0], height: int = REFINE_SIZE[1],
+                multiple: int = 32) -> tuple[int, int]:
+    """(width, height) of a refine (options.REFINE's target): width x height as given ("size"), or the source's
+    sides x a factor (`scale`, or `short_side` / the source's short side), each to the nearest multiple of 32 and
+    never below the source's."""
+    if target == "size":
+        return width, height
+    if target not in ("short_side", "scale"):
+        raise RequestError(f"target must be short_side, scale or size, got {target!r}.")
+    sw, sh = source
+    factor = scale if target == "scale" else short_side / min(sw, sh)
+    return tuple(max(side, int(side * factor / multiple + 0.5) * multiple) for side in (sw, sh))
+
+
 def check_refine_size(source: tuple[int, int], target: tuple[int, int], multiple: int = 32) -> None:
     """(width, height) pairs: the target on `multiple`s, no side smaller than the source's, about its aspect."""
     (sw, sh), (tw, th) = source, target

@@ -180,3 +180,14 @@ def test_a_request_whose_rows_do_not_fit_is_refused_before_any_step(pipe, monkey
     with pytest.raises(RequestError, match=r"64x64, 124 frames packs \d+ rows: .* free on cpu"):
         pipe.run(_req())
     assert steps == []
+
+
+def test_refine_sizes_follow_the_target_onto_32s():
+    assert refine.refine_size((1344, 768)) == (1920, 1088)  # short side 1088: 1080p
+    assert refine.refine_size((768, 1344)) == (1088, 1920)
+    assert refine.refine_size((1344, 768), "scale", scale=1.43) == (1920, 1088)
+    assert refine.refine_size((128, 64), "scale", scale=1.43) == (192, 96)
+    assert refine.refine_size((128, 64), "scale", scale=1.0) == (128, 64)
+    assert refine.refine_size((1344, 768), "size", width=2560, height=1440) == (2560, 1440)
+    with pytest.raises(RequestError, match="target must be"):
+        refine.refine_size((1344, 768), "double")
