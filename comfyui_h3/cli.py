@@ -11,7 +11,9 @@ from pathlib import Path
 DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal", "h3_object_replacement",
                   "h3_object_removal_clicks", "h3_object_removal_text", "h3_object_replacement_clicks",
                   "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
-                  "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale")
+                  "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale",
+                  "h3_video_restyle", "h3_generate_then_refine", "h3_refine_vs_upscale")
+STEPPED_NODES = ("H3_Sample", "H3_Edit", "H3_Extend", "H3_Refine")  # the demo's --steps sets theirs
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 TEMP_ENV = "COMFYUI_H3_TEMP"  # the headless temp folder (comfy_services/paths.py)
 
@@ -517,7 +519,7 @@ def _demo(args) -> int:
         prompt = load_workflow(workflows_dir() / f"{name}.api.json")
         if args.steps is not None:  # 0 is refused by the nodes' rule, not taken for "unset"
             prompt = apply_overrides(prompt, [f"{nid}.steps={args.steps}" for nid, n in prompt.items()
-                                              if n["class_type"] in ("H3_Sample", "H3_Edit", "H3_Extend")])
+                                              if n["class_type"] in STEPPED_NODES])
         print(f"== {name}", file=sys.stderr)
         made += _run_local(prompt, out_dir)
     for path in made:

@@ -224,6 +224,14 @@ def picture(name: str, card: Image.Image) -> None:
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
         ImageDraw.Draw(card).text((20, 140), "LATENT  ->  native VAE decode", font=font(16), fill=ACCENT)
         waveform(card, 190)
+    elif name == "h3_generate_then_refine":
+        before_after(card, scene(0.5)[::2, ::2], scene(0.5), ("768p", "refined 1080p"))
+    elif name == "h3_refine_vs_upscale":
+        before_after(card, scene(0.5), scene(0.5), ("H3 Refine", "SeedVR2"))
+    elif name == "h3_video_restyle":
+        frame = frames[middle]
+        cool = (frame.astype(np.float32) * (0.55, 0.65, 1.0) + (20, 30, 60)).clip(0, 255).astype(np.uint8)
+        before_after(card, frame, cool, ("source", "restyled"))
     elif name == "h3_fasth3_text_to_video":
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
         ImageDraw.Draw(card).text((20, 150), "4 steps", font=font(16), fill=ACCENT)
@@ -245,8 +253,9 @@ def make_card(name: str) -> Image.Image:
     return card
 
 
-def main() -> int:
-    names = sorted(f[:-5] for f in os.listdir(TEMPLATES) if f.endswith(".json"))
+def main(only: list[str] | None = None) -> int:
+    """Every card, or those named on the command line."""
+    names = only or sorted(f[:-5] for f in os.listdir(TEMPLATES) if f.endswith(".json"))
     missing = sorted(set(names) - set(BY_NAME))
     if missing:
         print(f"no card text for {missing}: add them to comfyui_h3/templates.py", file=sys.stderr)
@@ -259,4 +268,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
