@@ -216,6 +216,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--audio-level", type=float, default=None, help="Blend level 0 (keep) .. 1 (regenerate).")
     e.add_argument("--mask-grow", type=int, default=None, help="Pixels (0..512); default (or -1): the preset's.")
     e.add_argument("--mask-feather", type=int, default=None, help="Pixels (0..512); default (or -1): the preset's.")
+    from .backend.pipelines.h3.options import STRENGTH
+
+    STRENGTH["denoise"].add_flag(e, checked=True, help="Below 1: the masked region re-made from the source itself at "
+                                                       "this strength (1: from noise).")
     _device_options(e)
     add_manifest_option(e)
     e.add_argument("--out", required=True, help="Output MP4 (never overwritten).")

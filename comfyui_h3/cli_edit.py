@@ -57,7 +57,7 @@ def build_request(args):
         source_fps=float(clip.frame_rate),
         source_audio=clip.audio, source_sample_rate=clip.sample_rate, mask=load_mask(args.mask), preset=args.mode,
         audio_mode=args.audio_mode, audio_level=args.audio_level, mask_grow=args.mask_grow,
-        mask_feather=args.mask_feather, decode=True,
+        mask_feather=args.mask_feather, denoise=args.denoise, decode=True,
     )
 
 

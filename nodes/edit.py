@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ..backend.pipelines.h3.editing import AUDIO_MODES, MAX_MASK_SHAPING, PRESETS
+from ..backend.pipelines.h3.options import STRENGTH
 from ..backend.pipelines.h3.request import H3Request
 from ..types import H3Latents, mask_shaping
 from ..video_types import H3Video
@@ -45,7 +46,7 @@ def edit_summary(preset: str, result, shaped: tuple[int, int] | None = None) -> 
 
 
 def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0, audio_mode="preset",
-                 audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, **more) -> H3Request:
+                 audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, denoise=1.0, **more) -> H3Request:
     """H3 Edit's inputs -> the engine's request (the node's widgets' conventions: 0 shift / -1 = the default)."""
     from ..video_types import video_to_frames_audio
 
@@ -59,7 +60,7 @@ def edit_request(video, mask, preset, prompt, steps, seed, video_shift=0.0, audi
         source_frames=frames.cpu().numpy(), source_fps=float(rate), source_audio=wave, source_sample_rate=sr,
         mask=mask_to_array(mask), preset=preset, audio_mode=audio_mode,
         audio_level=None if audio_level < 0 else audio_level, mask_grow=grow, mask_feather=feather,
-        **sampling_fields(more),
+        denoise=denoise, **sampling_fields(more),
     )
 
 
@@ -115,6 +116,11 @@ class H3Edit:
             "optional": {
                 "audio": ("AUDIO", {"tooltip": "Use this soundtrack as the source instead of the video's own."}),
                 **sampling_extras(),
+                # appended after every saved widget: workflows saved before keep their order
+                "denoise": STRENGTH["denoise"].with_(tooltip=(
+                    "1 = the masked region from noise (the edit as always). Below 1 it is re-made from the source "
+                    "itself, noised to where the remaining steps begin: keeps its shapes and changes its look "
+                    "(H3's schedule is shifted: 0.5 restarts at sigma 0.92, 0.2 at 0.75).")).input_spec(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -127,9 +133,9 @@ class H3Edit:
 
     def edit(self, engine, video, mask, preset, prompt, steps, seed, video_shift=0.0, audio_shift=0.0,
              audio_mode="preset", audio_level=-1.0, mask_grow=-1, mask_feather=-1, audio=None, unique_id=None,
-             **more):
+             denoise=1.0, **more):
         request = edit_request(video, mask, preset, prompt, steps, seed, video_shift, audio_shift, audio_mode,
-                               audio_level, mask_grow, mask_feather, audio, **more)
+                               audio_level, mask_grow, mask_feather, audio, denoise=denoise, **more)
         shaped = mask_shaping(mask)
         result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
         out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)

@@ -81,6 +81,7 @@ class H3Request:
     init_video: torch.Tensor | None = None  # normalised video latents [1, 24, T, h, w] of this request's geometry
     init_audio: torch.Tensor | None = None  # normalised audio latents [2, 32, Ta]; None: the soundtrack regenerates
     denoise: float = 1.0  # strength 0 < s <= 1: the first steps skipped, the source noised to where the rest starts
+    # (an edit's: its own source video, in the masked region)
     init_audio_mode: str = "same"  # same | keep | regenerate (strength.INIT_AUDIO)
     init_clip: object | None = None  # init_clip.InitClip: a decoded clip to start from (encoded by the worker)
 
@@ -132,6 +133,8 @@ class H3Request:
         if self.init_clip is not None:
             self._check_init_clip()
             return
+        if self.source_frames is not None and self.init_video is None and self.init_audio is None:
+            return  # an edit at a strength starts from its own source
         if self.init_video is None:
             if self.init_audio is not None or s != 1:
                 raise RequestError("A denoise strength below 1 (or a source soundtrack) needs the source's video "

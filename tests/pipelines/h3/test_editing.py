@@ -272,6 +272,27 @@ def test_all_ones_mask_is_t2va(pipeline, source):
     assert torch.equal(a.video_latents, b.video_latents) and torch.equal(a.audio_latents, b.audio_latents)
 
 
+@pytest.mark.slow
+def test_an_edit_at_a_strength_starts_from_its_source(pipeline, source):
+    """denoise < 1: the masked region is re-made from the noised source. With an all-ones mask that is a start from
+    the source's latents at the same strength (strength.py) bit for bit; kept cells stay the source's."""
+    frames, wave, mask = source
+    whole = edit(pipeline, source, mask=np.ones_like(mask), audio_mode="regenerate", decode=False, denoise=0.5)
+    src_v, src_a = whole.edit["source_video_latents"], whole.edit["source_audio_latents"]
+    direct = pipeline.run(H3Request(prompt="a calm lake", steps=2, seed=3, num_frames=124, height=64, width=96,
+                                    decode=False, init_video=src_v, init_audio=src_a, denoise=0.5))
+    assert torch.equal(whole.video_latents, direct.video_latents)
+    assert torch.equal(whole.audio_latents, direct.audio_latents)
+    partial = edit(pipeline, source, decode=False, denoise=0.5, steps=4)
+    full = edit(pipeline, source, decode=False, steps=4)
+    keep = (partial.edit["restore_mask"] == 0)[None, None].expand_as(partial.video_latents)
+    assert torch.equal(partial.video_latents[keep], src_v[keep])
+    assert not torch.equal(partial.video_latents[~keep], full.video_latents[~keep])
+    # nearer the source inside the mask than the edit from noise is
+    assert (partial.video_latents[~keep] - src_v[~keep]).abs().mean() < (full.video_latents[~keep]
+                                                                         - src_v[~keep]).abs().mean()
+
+
 # -- node + CLI through the engine (the request is pickled to a worker) -------------------------------------------
 @pytest.mark.slow
 def test_node_and_cli_edit(tmp_path, tiny_h3_dir, source):

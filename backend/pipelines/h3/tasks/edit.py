@@ -24,6 +24,7 @@ from ..request import H3Request, H3Result
 from ..schedule import DualSchedule
 from ..student import check_student
 from ..step_plan import Anchors, StepCallback, StepPlan
+from ..strength import noised, truncated
 
 
 @torch.no_grad()
@@ -84,11 +85,17 @@ def run_edit(pipe, req: H3Request, on_step: StepCallback | None = None,
     anchors = Anchors(held_at_condition(clean_v, noise_v).to(dev), clean_audio.to(dev), video_mask.to(dev),
                       audio_mask.to(dev))
 
-    # 3. denoise: the state starts as the seeded noise (target rows only: no condition rows)
+    # 3. denoise: the state starts as the seeded noise (target rows only: no condition rows), or below denoise 1 as
+    # the source noised to the first sigma of the truncated schedule (strength.py: the masked region re-made from it)
     t1 = time.perf_counter()
     schedule = DualSchedule.named(req.schedule, req.steps, req.video_shift, req.audio_shift)
+    start_v, start_a = noise_v, audio_noise
+    if req.denoise < 1:
+        schedule = truncated(schedule, float(req.denoise), "same", req.audio_shift)
+        start_v = noised(clean_v, noise_v, schedule.video_sigmas[0])
+        start_a = noised(clean_audio, audio_noise, schedule.audio_sigmas[0])
     plan = StepPlan(layout, text.to(dev), schedule, masked_timesteps(layout, video_mask, audio_mask, schedule), anchors)
-    state_v, state_a = pipe.denoise(dit, plan, noise_v.to(dev), audio_noise.to(dev), on_step, should_stop)
+    state_v, state_a = pipe.denoise(dit, plan, start_v.to(dev), start_a.to(dev), on_step, should_stop)
     timings["denoise_s"] = time.perf_counter() - t1
 
     # 4. restore: kept cells are the clean source exactly
