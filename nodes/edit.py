@@ -115,12 +115,13 @@ class H3Edit:
             },
             "optional": {
                 "audio": ("AUDIO", {"tooltip": "Use this soundtrack as the source instead of the video's own."}),
-                **sampling_extras(),
-                # appended after every saved widget: workflows saved before keep their order
+                # appended after every saved widget: workflows saved before keep their order (the sampling
+                # options declared later come after it, with sampling_extras)
                 "denoise": STRENGTH["denoise"].with_(tooltip=(
                     "1 = the masked region from noise (the edit as always). Below 1 it is re-made from the source "
                     "itself, noised to where the remaining steps begin: keeps its shapes and changes its look "
                     "(H3's schedule is shifted: 0.5 restarts at sigma 0.92, 0.2 at 0.75).")).input_spec(),
+                **sampling_extras(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }

@@ -80,8 +80,8 @@ class H3Sample:
                     "the size and length: its frames replace seconds, its size width/height (leave them 0). At "
                     "denoise 1 its values are not used (sampling starts from noise, as a native sampler's does); "
                     "below 1 sampling starts from them."),
-                **sampling_extras(),
-                # appended after every saved widget: workflows saved before keep their order
+                # appended after every saved widget: workflows saved before keep their order (the sampling
+                # options declared later come after these, with sampling_extras)
                 "source_latents": ("H3_LATENTS", {"tooltip": (
                     "Latents to start from (an earlier H3 Sample's): their frames and size replace seconds and "
                     "width/height. Used below denoise 1 (restyle, clean up, re-time the sound).")}),
@@ -90,6 +90,7 @@ class H3Sample:
                     "replaces seconds), stretched to width x height when they are set, else fitted to a 32-multiple "
                     "canvas; encoded by the VAE. Used below denoise 1.")}),
                 **STRENGTH.node_inputs("optional"),
+                **sampling_extras(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }

@@ -370,6 +370,7 @@ class H3Transformer(nn.Module):
         shard=None,
         attention_plan=None,
         modulation: ModulationTables | None = None,
+        step_cache=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`rope` and `segments` (AdaLN segments, norm-out segments) may be passed precomputed for the rows this
         call owns (all rows, or the shard's when sequence-parallel): they depend only on the layout and the step's
@@ -378,7 +379,9 @@ class H3Transformer(nn.Module):
         `attention_plan`: the attention backend's per-request plan (attention/registry.py), given to every block's
         attention over the packed sequence; None for dense backends. `modulation`: the step's AdaLN tables computed
         ahead (ModulationTables); then `segments` must be the ones numbered for them, and the projection weights are
-        not read (they may be offloaded)."""
+        not read (they may be offloaded). `step_cache` (pipelines/h3/step_cache.py, begun for this step): after its
+        front blocks it decides whether the rest run or their residual is reused (then no later block is streamed
+        in)."""
         if modulation is not None and segments is None:
             raise ValueError("modulation tables need the segments numbered for them (pipelines/h3/adaln_cache.py).")
         seq = position_ids.shape[0]
@@ -413,9 +416,19 @@ class H3Transformer(nn.Module):
         temb = self.time_embedding(timesteps) if modulation is None else None
         # a pruned DiT projects in float32 (as ComfyUI's curve form does); its tables are cast to the stream's dtype
         mod_dtype = x.dtype if self.pruned else None
+        # the blocks add into x in place: the cache keeps copies of the rows going in and after its front blocks
+        x_in = x.clone() if step_cache is not None else None
+        x_front = None
         for i, block in enumerate(stream_blocks(self.transformer_blocks, self.block_offload)):
+            if step_cache is not None and i == step_cache.front:
+                if step_cache.reuse(x, x_in):
+                    x = x + step_cache.back_residual()
+                    break  # the generator's close releases the streamed block it holds
+                x_front = x.clone()
             mod = block.adaln_proj(temb, mod_dtype) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
             x = block(x, mod, adaln_segments, rope, attention)
+        if step_cache is not None and x_front is not None:
+            step_cache.remember(x - x_front)
 
         if modulation is None:
             lin = self.norm_out.linear

@@ -60,6 +60,16 @@ class ParallelContext:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
 
+    def sum(self, values: list[float]) -> list[float]:
+        """Each of `values` summed over every rank (a CPU all-reduce in float64), the same list on every rank."""
+        if self.world == 1:
+            return [float(v) for v in values]
+        import torch.distributed as dist
+
+        t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return t.tolist()
+
     def min(self, value: int) -> int:
         """The smallest of every rank's `value` (a CPU all-reduce), so that every rank plans alike (e.g. from the
         least free device memory)."""

@@ -51,7 +51,8 @@ def test_the_new_inputs_come_after_every_saved_widget():
     from comfyui_h3.nodes.sample import H3Sample
 
     optional = list(H3Sample.INPUT_TYPES()["optional"])
-    assert optional[-4:] == ["source_latents", "source_video", "denoise", "source_audio"]
+    # the sampling options declared later (step_cache) come after them
+    assert optional[-5:] == ["source_latents", "source_video", "denoise", "source_audio", "step_cache"]
     spec = H3Refine.INPUT_TYPES()
     assert spec["required"]["denoise"][1]["default"] == 0.2
     assert list(spec["required"])[2:8] == ["target", "short_side", "scale", "width", "height", "denoise"]

@@ -8,7 +8,8 @@ once for the request) and the plan of each step. Per step i:
   1. Stop at the boundary: asked on any rank, every rank raises Cancelled here (before step i), or none does;
   2. the plan's row timesteps -> distinct t values [K] and each row's index into them -> this rank's AdaLN segments
      (with the AdaLN table cache, adaln_cache.py: every step's tables built before step 1, handed to the forward);
-  3. one DiT forward on what the model sees of the state (the state itself, or lerp(anchor, state, weight));
+  3. one DiT forward on what the model sees of the state (the state itself, or lerp(anchor, state, weight)); with a
+     step cache (step_cache.py) only its front blocks when the cache decides the rest may be reused;
   4. every row past the frozen condition / guide rows takes flow_step with the timestep it was given:
      x0 = x_in + (1 - t_r) v,  state <- r * state + (1 - r) * x0,  r = sigma_{i+1} / sigma_i  (float32);
   5. progress: on_step(i + 1, steps), or on_step(i + 1, steps, preview=uint8 [H, W, 3]) on the steps a StepPreview
@@ -39,12 +40,14 @@ def stop_at_boundary(should_stop: Callable[[], bool] | None, parallel: ParallelC
 def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, parallel: ParallelContext = SINGLE,
             attention=None, on_step: StepCallback | None = None,
             should_stop: Callable[[], bool] | None = None,
-            adaln: AdaLNCache | None = None, recorder=None, preview=None) -> tuple[torch.Tensor, torch.Tensor]:
+            adaln: AdaLNCache | None = None, recorder=None, preview=None,
+            step_cache=None) -> tuple[torch.Tensor, torch.Tensor]:
     """video rows [Nv, 96] / audio rows [Na, 32] float32 on the DiT's device, in the layout's row order (condition
     rows first) -> the denoised rows (updated in place). `attention`: the runtime's backend (its per-request plan).
     `adaln`: the DiT's AdaLN table cache (None: direct projection). `recorder`: the request's StageRecorder
     (manifest.py): a marker per step boundary, no sync in the loop; None: not timed. `preview`: a StepPreview
-    (preview.py) or None (no preview work at all)."""
+    (preview.py) or None (no preview work at all). `step_cache`: the request's StepCache (step_cache.py) or None
+    (every forward in full)."""
     if preview is not None:  # the state's rows are in this layout's order, whatever order the attention runs in
         preview.begin(plan.layout, video.device)
     attention_plan = None if attention is None else attention.plan_for(plan.layout)
@@ -70,9 +73,13 @@ def denoise(dit, plan: StepPlan, video: torch.Tensor, audio: torch.Tensor, paral
             ts, row_index, segments, modulation = steps.step(i, shard)
             ts, row_index = ts.to(dev), row_index.to(dev)
             x_v, x_a = (video, audio) if plan.anchors is None else plan.anchors.model_input(video, audio)
+            cache = {}
+            if step_cache is not None:
+                step_cache.begin(i)
+                cache = {"step_cache": step_cache}
             v_pred, a_pred = dit(x_v[None], x_a[None], plan.text, ts, row_index, dl.token_tags, dl.position_ids,
                                  dl.video_indices, dl.audio_indices, dl.text_indices, rope=rope, segments=segments,
-                                 shard=shard, attention_plan=step_attention(i), modulation=modulation)
+                                 shard=shard, attention_plan=step_attention(i), modulation=modulation, **cache)
             t = ts[row_index]  # each row's timestep, as the model saw it
             shot = None
             if preview is not None and preview.due():  # before the update: x_v may be the state itself

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ...attention.registry import AttentionSpec, available as attention_backends
 from ...engine_config import DTYPES
 from ...options import SEED, Option, OptionTable, resident_blocks_option
+from . import step_cache
 
 MAX_STEPS = 1000  # the one bound on denoising steps: the nodes' widgets, generate / edit / extend and demo --steps
 WEIGHT_FORMATS = {"bf16": "compute", "fp8": "fp8"}  # the 'weights' option -> WeightPolicy.storage
@@ -44,6 +45,13 @@ SAMPLING = OptionTable(
     _shift("video_shift", "scheduler", 12),
     _shift("audio_shift", "audio_scheduler", 3),
     SEED.with_(tooltip="Same seed, same inputs -> same result.", message="{label} must be in [0, 2^64), got {value}."),
+    Option("step_cache", "string", "off", choices=step_cache.CHOICES, rule=step_cache.rule, node="optional", tooltip=(
+        "Skip DiT forwards whose result barely changes (DBCache-style: the first blocks always run; when their "
+        "residual moved less than a threshold since the last full step, the rest is reused, TaylorSeer-"
+        "extrapolated). off: every forward (exact). quality / balanced / fast: fewer forwards, a small change of "
+        "the result. Provisional presets: tuned on random weights."),
+           help="Step caching: off (every forward, exact), quality, balanced, fast, a threshold (e.g. 0.1) or every:K "
+                "(compute every K-th step). Lossy; the manifest counts the forwards computed."),
 )
 
 # A start from existing latents or a clip at a strength (strength.py): H3 Sample's and H3 Refine's, generate's and

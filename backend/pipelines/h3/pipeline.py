@@ -17,6 +17,7 @@ from ...errors import RequestError
 from ...manifest import StageRecorder, pipeline_part
 from ...parallel.context import SINGLE, ParallelContext
 from .components import H3Components
+from . import step_cache
 from .denoise import denoise
 from .preview import LatentRGB, StepPreview
 from .request import H3Result
@@ -52,6 +53,8 @@ class H3Pipeline:
         its stage manifest (backend/manifest.py; every rank gathers the peaks, rank 0's is the one returned)."""
         self.recorder = StageRecorder(self.c.device)
         self.preview = self._preview_for(req)
+        self.step_cache = step_cache.parse(getattr(req, "step_cache", "off"))
+        self._step_cache_reports = []
         try:
             result = TASKS[req.task](self, req, on_step, should_stop)
         finally:
@@ -59,6 +62,7 @@ class H3Pipeline:
         result.manifest = pipeline_part(
             self.recorder, self.parallel, kind=req.task, family="h3", task=req.task, shapes=_shapes(result),
             seed=req.seed, steps=req.steps, timings=result.timings, adaln=self.c.adaln_report())
+        result.manifest["step_cache"] = step_cache.summary(self._step_cache_reports, result.timings)
         result.manifest["engine"]["live_switch"], self._switched = self._switched, None
         return result
 
@@ -70,9 +74,16 @@ class H3Pipeline:
         planned first (resident blocks for this shape; text encoder / VAEs off the device if short)."""
         shard = self.parallel.rows(plan.layout.seq_len)
         self.c.enter_dit(dit, plan.layout.seq_len if shard is None else shard.local_len, plan.layout.seq_len)
-        return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
-                       adaln=self.c.adaln_cache(dit), recorder=getattr(self, "recorder", None),
-                       preview=getattr(self, "preview", None))
+        settings = getattr(self, "step_cache", None)
+        cache = None if settings is None else step_cache.StepCache(
+            settings, len(dit.transformer_blocks), None if not self.parallel.is_parallel else self.parallel.sum)
+        try:
+            return denoise(dit, plan, video, audio, self.parallel, self.attention, on_step, should_stop,
+                           adaln=self.c.adaln_cache(dit), recorder=getattr(self, "recorder", None),
+                           preview=getattr(self, "preview", None), step_cache=cache)
+        finally:
+            if cache is not None:
+                self._step_cache_reports.append(cache.report())
 
     def _preview_for(self, req) -> StepPreview | None:
         """Previews every `req.preview_every` steps (0: none) on rank 0, which alone reports progress. The

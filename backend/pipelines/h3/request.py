@@ -77,6 +77,7 @@ class H3Request:
     mask_feather: int | None = None  # px; None: the preset's
     schedule: str = "default"  # "default": `steps` on the shifted grid; "fasth3": the FastH3 student's 4-step ladder
     preview_every: int = 0  # a live preview with every N-th step's progress (preview.py); 0: none
+    step_cache: str = "off"  # off | a preset | a threshold | every:K (step_cache.py): DiT forwards reused
     # -- a start from existing latents (t2va / fl2va / ref2va; strength.py): the target's own latents ----------------
     init_video: torch.Tensor | None = None  # normalised video latents [1, 24, T, h, w] of this request's geometry
     init_audio: torch.Tensor | None = None  # normalised audio latents [2, 32, Ta]; None: the soundtrack regenerates
@@ -268,6 +269,7 @@ class H3ExtendRequest:
     preset: str = "veryfast"
     metadata: dict = field(default_factory=dict)
     preview_every: int = 0  # as H3Request's (counted over all windows' steps)
+    step_cache: str = "off"  # as H3Request's (each window's plan its own cache)
 
     task = "extend"
 
