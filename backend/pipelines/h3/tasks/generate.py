@@ -124,9 +124,10 @@ def run_generate(pipe, req: H3Request, on_step: StepCallback | None = None,
 
     # 1. text + conditions (and a source clip's latents)
     cond = CONDITIONS[req.task].encode(pipe, req, geo)
+    # the rows are known now: a request the GPU cannot hold is refused before the clip's encode and any step
+    check_layout_fits(geo, cond.layout, c.dit_room(dit), pipe.parallel.world, patch, c.spatial_ratio, str(dev))
     req = with_clip_latents(c, req, geo)
     timings["encode_s"] = time.perf_counter() - t0
-    check_layout_fits(geo, cond.layout, c.dit_room(dit), pipe.parallel.world, patch, c.spatial_ratio, str(dev))
 
     # 2. noise, in the reference's draw order
     gen = torch.Generator("cpu").manual_seed(req.seed)
