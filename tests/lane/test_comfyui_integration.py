@@ -202,6 +202,22 @@ def test_first_last_frame_workflow(comfy):
     assert "node 4 (H3_Sample) failed" in result.stderr and "either keyframes" in result.stderr, result.stderr
 
 
+def test_the_two_routes_to_1080p_and_a_restyle(comfy):
+    """The shipped workflows of the latent route: one clip through H3 Refine and SeedVR2 x1.43 (both saved, each at
+    its own grid's size), and a restyle from the pack's sample clip at denoise 0.35 (its soundtrack kept)."""
+    result = comfy.run_cli("h3_refine_vs_upscale.api.json", comfy.root / "downloads", "2.steps=2", "3.steps=4")
+    detail = f"two routes: exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, comfy.why(detail)
+    files = sorted(_mp4s(result))
+    assert [Path(f).name.split("_0")[0] for f in files] == ["route_h3_refine", "route_seedvr2"], files
+    infos = [probe_mp4(f) for f in files]
+    assert all(i["frames"] == 124 and i["audio"] == 1 for i in infos), infos
+    refined, upscaled = (i["size"] for i in infos)
+    assert refined[0] % 32 == 0 and refined[1] % 32 == 0 and abs(upscaled[0] - refined[0]) <= 16, (refined, upscaled)
+    result = comfy.run_cli("h3_video_restyle.api.json", comfy.root / "downloads", "3.steps=4")
+    _check_video(comfy, result, "restyle")
+
+
 def _defaults_from_object_info(info: dict, class_type: str, **given) -> dict:
     """API inputs for a node: `given` plus each other required widget at its default (a combo's first choice)."""
     inputs = dict(given)
