@@ -30,7 +30,7 @@ def load_latents(path: str):
 
 
 def build_request(args):
-    from .backend.pipelines.h3.refine import refine_clip_request, refine_request
+    from .backend.pipelines.h3.refine import refine_clip_request, refine_request, source_size
     from .cli_generate import sampling_fields, sampling_plan
 
     schedule, steps = sampling_plan(args)
@@ -38,7 +38,7 @@ def build_request(args):
     strength = dict(denoise=args.denoise, init_audio_mode=args.source_audio)
     if args.latents:
         video, audio = load_latents(args.latents)
-        width, height = target_size(args, (video.shape[4] * 16, video.shape[3] * 16))
+        width, height = target_size(args, source_size(video))
         return refine_request(video, audio, args.prompt, width, height, **strength, **fields)
     from .backend.media.decode import decode_video
     from .backend.pipelines.h3.init_clip import prepare_init_clip
@@ -54,7 +54,6 @@ def build_request(args):
 
 def target_size(args, source: tuple[int, int]) -> tuple[int, int]:
     """--size WxH, --scale X or --short-side N (default: short side 1088) for a source of (width, height)."""
-    from .backend.pipelines.h3.options import REFINE
     from .backend.pipelines.h3.refine import refine_size
 
     if args.size:
@@ -62,7 +61,9 @@ def target_size(args, source: tuple[int, int]) -> tuple[int, int]:
         return refine_size(source, "size", width=width, height=height)
     if args.scale is not None:
         return refine_size(source, "scale", scale=args.scale)
-    return refine_size(source, "short_side", short_side=args.short_side or REFINE["short_side"].default)
+    if args.short_side is not None:
+        return refine_size(source, "short_side", short_side=args.short_side)
+    return refine_size(source)  # the node's default target: short side 1088
 
 
 def refine(args, model_dir) -> int:

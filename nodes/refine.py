@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..backend.pipelines.h3.geometry import RequestError
 from ..backend.pipelines.h3.options import REFINE, STRENGTH
-from ..backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE, refine_request, refine_size
+from ..backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE, refine_request, refine_size, source_size
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
 from ..video_types import H3Video
@@ -17,8 +17,8 @@ from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 def refine_summary(source: H3Latents, width: int, height: int, denoise: float):
     def summary(result):
-        h, w = source.video.shape[3:5]
-        return f"refined {w * 16}x{h * 16} -> {width}x{height} at denoise {denoise:g}"
+        w, h = source_size(source.video)
+        return f"refined {w}x{h} -> {width}x{height} at denoise {denoise:g}"
     return summary
 
 
@@ -78,8 +78,7 @@ class H3Refine:
             if (latents is None) == (native_latent is None):
                 raise RequestError("Connect the clip to refine: latents (H3 Sample's) or native_latent, one of them.")
             source = latents if latents is not None else native_io.from_native(native_latent)
-            h, w = source.video.shape[3:5]
-            width, height = refine_size((w * 16, h * 16), target, short_side, scale, width, height)
+            width, height = refine_size(source_size(source.video), target, short_side, scale, width, height)
             request = refine_request(source.video, source.audio, prompt, width, height, denoise, source_audio,
                                      steps=steps, video_shift=shift(video_shift), audio_shift=shift(audio_shift),
                                      seed=seed, schedule=schedule, **sampling_fields(more))

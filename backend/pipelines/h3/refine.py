@@ -12,9 +12,9 @@ keep the composition and the motion; refine passes on shifted flow-matching vide
 0.15-0.3 (at 0.5 the second pass starts at sigma ~0.92 and re-invents the clip). The soundtrack is kept by default:
 the source's latents are held clean (init_audio_mode "keep"), so the output sounds exactly like the source.
 
-Target: a canvas of multiples of 32 (H3 Sample's rule), no smaller than the source on either side (a refine that
-shrinks is a resize, not a refinement); the aspect may change slightly (1344x768 -> 1920x1088 stretches 0.8 %), as
-a first keyframe is stretched onto its canvas.
+Target (options.REFINE: a short side, 1088 by default, a scale or width x height): a canvas of multiples of 32 (H3
+Sample's rule), no smaller than the source on either side (a refine that shrinks is a resize, not a refinement); the
+aspect may change slightly (1344x768 -> 1920x1088 stretches 0.8 %), as a first keyframe is stretched onto its canvas.
 """
 
 from __future__ import annotations
@@ -26,18 +26,24 @@ import torch.nn.functional as F
 
 from .extension_source import frames_for_latents
 from .geometry import RequestError
+from .options import REFINE
 from .request import H3Request
 
-REFINE_SIZE = (1920, 1088)  # (width, height): 1080p on 32-multiples
+REFINE_SIZE = (REFINE["width"].default, REFINE["height"].default)  # (width, height): 1080p on 32-multiples
 REFINE_DENOISE = 0.2
 REFINE_AUDIO = "keep"
 INTERPOLATION = "bilinear"
 MAX_ASPECT_CHANGE = 0.1  # a target whose aspect differs more than 10 % from the source's is a mistake, not a refine
 
 
-def refine_size(source: tuple[int, int], target: str = "short_side", short_side: int = REFINE_SIZE[1],
-                scale: float = 1.43, width: int = REFINE_SIZE[0], height: int = REFINE_SIZE[1],
-                multiple: int = 32) -> tuple[int, int]:
+def source_size(video: torch.Tensor, spatial_ratio: int = 16) -> tuple[int, int]:
+    """(width, height) in pixels of video latents [1, C, T, h, w]."""
+    return int(video.shape[4]) * spatial_ratio, int(video.shape[3]) * spatial_ratio
+
+
+def refine_size(source: tuple[int, int], target: str = REFINE["target"].default,
+                short_side: int = REFINE["short_side"].default, scale: float = REFINE["scale"].default,
+                width: int = REFINE_SIZE[0], height: int = REFINE_SIZE[1], multiple: int = 32) -> tuple[int, int]:
     """(width, height) of a refine (options.REFINE's target): width x height as given ("size"), or the source's
     sides x a factor (`scale`, or `short_side` / the source's short side), each to the nearest multiple of 32 and
     never below the source's."""
@@ -82,8 +88,7 @@ def refine_request(video: torch.Tensor, audio: torch.Tensor | None, prompt: str,
                    spatial_ratio: int = 16, **fields) -> H3Request:
     """A t2va request that refines `video` [1, 24, T, h, w] (+ `audio` [2, 32, Ta]) at width x height from
     `denoise`; `fields`: the rest of H3Request's (steps, seed, shifts, schedule, ...)."""
-    source = (video.shape[4] * spatial_ratio, video.shape[3] * spatial_ratio)
-    check_refine_size(source, (width, height))
+    check_refine_size(source_size(video, spatial_ratio), (width, height))
     if audio is None and init_audio_mode != "regenerate":
         init_audio_mode = "regenerate"  # nothing to keep: the soundtrack is made again over the remaining steps
     request = H3Request(prompt=prompt, num_frames=frames_for_latents(int(video.shape[2])), width=width,
