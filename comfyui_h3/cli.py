@@ -127,6 +127,21 @@ def _latents_option(p, what: str = "the final latents") -> None:
                    help=f"Also write {what}: video [1,24,T,h,w], audio [2,32,Ta] float32.")
 
 
+def _generation_options(p, steps_help: str, latents_what: str = "the final latents") -> None:
+    """generate's and refine's sampling, schedule, device and output flags."""
+    from .cli_manifest import add_manifest_option
+
+    _sampling_options(p, steps_help)
+    p.set_defaults(steps=None)
+    p.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
+                   help="default: --steps steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
+                        "auto: fasth3 with --fasth3, else default.")
+    _device_options(p)
+    add_manifest_option(p)
+    p.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
+    _latents_option(p, latents_what)
+
+
 def _parser() -> argparse.ArgumentParser:
     from .backend.pipelines.seedvr2 import options as seedvr2_options
     from .cli_manifest import add_manifest_option
@@ -159,15 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--width", type=int, help="Multiple of 32, with --height. Default: the first frame's aspect, else "
                                              "16:9 at 768 short edge.")
     g.add_argument("--height", type=int, help="Multiple of 32, with --width.")
-    _sampling_options(g, "Denoising steps (model evaluations). Default: 50, or 4 with the fasth3 schedule.")
-    g.set_defaults(steps=None)
-    g.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
-                   help="default: --steps steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
-                        "auto: fasth3 with --fasth3, else default.")
-    _device_options(g)
-    add_manifest_option(g)
-    g.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
-    _latents_option(g)
+    _generation_options(g, "Denoising steps (model evaluations). Default: 50, or 4 with the fasth3 schedule.")
     g.add_argument("--no-decode", action="store_true", help="Latents only (with --save-latents).")
 
     f = command("refine", help="Refine a clip to a larger size (1080p): its latents upscaled and denoised again by "
@@ -190,16 +197,8 @@ def _parser() -> argparse.ArgumentParser:
 
     STRENGTH["denoise"].add_flag(f, default=REFINE_DENOISE, checked=True)
     STRENGTH["source_audio"].add_flag(f, default=REFINE_AUDIO)
-    _sampling_options(f, "Steps of the full schedule; the pass runs the last --denoise of them. Default: 50, or 4 "
-                         "with the fasth3 schedule.")
-    f.set_defaults(steps=None)
-    f.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
-                   help="default: --steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
-                        "auto: fasth3 with --fasth3, else default.")
-    _device_options(f)
-    add_manifest_option(f)
-    f.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")
-    _latents_option(f, "the refined latents")
+    _generation_options(f, "Steps of the full schedule; the pass runs the last --denoise of them. Default: 50, or "
+                           "4 with the fasth3 schedule.", "the refined latents")
 
     e = command("edit", help="Remove / replace / inpaint what a mask covers in a video (keeps the rest).")
     _model_option(e)

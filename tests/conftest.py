@@ -44,6 +44,14 @@ def tiny_h3_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def tiny_pipeline(tiny_h3_dir):
+    """One rank's H3 pipeline on the tiny model, float32 on the CPU (a module's tests share it)."""
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+
+
+@pytest.fixture(scope="module")
 def comfy(tmp_path_factory):
     """A real ComfyUI serving this pack (tests/comfyui_lane.py), one per test module; the modules that use it skip
     themselves when COMFYUI_DIR is unset."""

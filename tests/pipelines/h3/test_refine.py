@@ -6,6 +6,8 @@ refusals: sizes that shrink or do not fit, memory that does not hold the rows (n
 import math
 
 import numpy as np
+from functools import partial
+
 import pytest
 import torch
 
@@ -14,6 +16,8 @@ from comfyui_h3.backend.pipelines.h3 import refine, row_fit
 from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
 from comfyui_h3.backend.pipelines.h3.init_clip import InitClip, prepare_init_clip
 from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+from h3_requests import t2va
 
 
 def bilinear64(plane: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
@@ -58,16 +62,12 @@ def test_refine_sizes_are_checked():
             refine.check_refine_size((1344, 768), target)
 
 
-def _req(**kw):
-    return H3Request(**{"prompt": "surf", "num_frames": 124, "steps": 4, "seed": 3, "width": 64, "height": 64,
-                        "decode": False, **kw})
+_req = partial(t2va, prompt="surf", steps=4, seed=3)  # a small t2va; keywords override
 
 
 @pytest.fixture(scope="module")
-def pipe(tiny_h3_dir):
-    from comfyui_h3.backend.pipelines.h3.family import h3_config
-
-    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+def pipe(tiny_pipeline):
+    return tiny_pipeline
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,8 @@ a cached forward equals the DiT whose later blocks are replaced by the cached re
 skips) is the path without a cache bit for bit; every task and SP on two gloo ranks agree with one rank; the manifest
 counts the forwards computed."""
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.pipelines.h3 import step_cache as sc
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
+from h3_requests import t2va
 from tiny_dit import dit_inputs, tiny_dit
 
 
@@ -103,16 +106,12 @@ def test_a_cached_forward_is_the_front_blocks_plus_the_cached_residual():
 
 # -- through the tiny pipeline ----------------------------------------------------------------------------------------
 
-def _req(**kw):
-    return H3Request(**{"prompt": "surf", "num_frames": 124, "steps": 8, "seed": 3, "width": 64, "height": 64,
-                        "decode": False, **kw})
+_req = partial(t2va, prompt="surf", steps=8, seed=3)  # a small t2va; keywords override
 
 
 @pytest.fixture(scope="module")
-def pipe(tiny_h3_dir):
-    from comfyui_h3.backend.pipelines.h3.family import h3_config
-
-    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+def pipe(tiny_pipeline):
+    return tiny_pipeline
 
 
 def test_off_and_a_cache_that_never_skips_are_the_exact_path(pipe):

@@ -2,12 +2,16 @@
 against diffusers' img2img rule written out here in float64; s = 1 is t2va bit for bit; a kept soundtrack is the
 source's bit for bit; bad strengths and sources are refused."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.pipelines.h3 import strength
 from comfyui_h3.backend.pipelines.h3.request import H3Request
+
+from h3_requests import t2va
 from comfyui_h3.backend.pipelines.h3.schedule import FASTH3_POSITIONS, DualSchedule
 
 
@@ -52,16 +56,12 @@ def test_the_fasth3_ladder_truncates_by_the_same_rule():
 
 # -- through the tiny pipeline ----------------------------------------------------------------------------------------
 
-def _req(**kw):
-    return H3Request(**{"prompt": "surf", "num_frames": 124, "steps": 4, "seed": 3, "width": 64, "height": 64,
-                        "decode": False, **kw})
+_req = partial(t2va, prompt="surf", steps=4, seed=3)  # a small t2va; keywords override
 
 
 @pytest.fixture(scope="module")
-def pipe(tiny_h3_dir):
-    from comfyui_h3.backend.pipelines.h3.family import h3_config
-
-    return h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
+def pipe(tiny_pipeline):
+    return tiny_pipeline
 
 
 @pytest.fixture(scope="module")
