@@ -419,11 +419,14 @@ class H3Transformer(nn.Module):
         # the blocks add into x in place: the cache keeps copies of the rows going in and after its front blocks
         x_in = x.clone() if step_cache is not None else None
         x_front = None
-        for i, block in enumerate(stream_blocks(self.transformer_blocks, self.block_offload)):
+        blocks = stream_blocks(self.transformer_blocks, self.block_offload)
+        for i, block in enumerate(blocks):
             if step_cache is not None and i == step_cache.front:
                 if step_cache.reuse(x, x_in):
                     x = x + step_cache.back_residual()
-                    break  # the generator's close releases the streamed block it holds
+                    if hasattr(blocks, "close"):  # streamed: release the block it holds, load none after it
+                        blocks.close()
+                    break
                 x_front = x.clone()
             mod = block.adaln_proj(temb, mod_dtype) if modulation is None else modulation.blocks[i].chunk(6, dim=-1)
             x = block(x, mod, adaln_segments, rope, attention)
