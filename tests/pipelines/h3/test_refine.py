@@ -191,3 +191,21 @@ def test_refine_sizes_follow_the_target_onto_32s():
     assert refine.refine_size((1344, 768), "size", width=2560, height=1440) == (2560, 1440)
     with pytest.raises(RequestError, match="target must be"):
         refine.refine_size((1344, 768), "double")
+
+
+@pytest.mark.slow
+def test_a_refine_on_two_gloo_ranks_equals_one_rank(tiny_h3_dir, pipe, source):
+    """Sequence parallelism runs the second pass as any request: 2 CPU ranks (gloo) == 1 rank."""
+    from comfyui_h3.backend.engine import Engine
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    request = refine.refine_request(source.video_latents, source.audio_latents, "surf", width=192, height=96,
+                                    denoise=0.5, steps=4, seed=3, decode=False)
+    single = pipe.run(request)
+    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        got = eng.generate(request)
+    finally:
+        eng.shutdown()
+    assert ((got.video_latents - single.video_latents).norm() / single.video_latents.norm()).item() <= 1e-4
+    assert torch.equal(got.audio_latents, source.audio_latents)
