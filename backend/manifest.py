@@ -52,6 +52,8 @@ def new_manifest() -> dict:
         "peak_memory": [],  # one entry per rank: rank, device, peak_device_bytes (this request's; None on CPU),
         # peak_host_rss_bytes (the worker process's peak so far: the OS counter cannot be reset per request)
         "adaln_cache": None,  # per partition: table_bytes vs weight bytes (host / device); None: direct projection
+        "step_cache": None,  # H3's step cache (pipelines/h3/step_cache.summary): each plan's cached steps and
+        # measures, sigma_points, forwards_computed, steps_cached, seconds_per_forward; None: off
         "versions": {},
     }
 

@@ -449,7 +449,11 @@ def test_sample_node_schedule_widget_reaches_the_request(monkeypatch):
     from comfyui_h3.nodes import sample
 
     optional = sample.H3Sample.INPUT_TYPES()["optional"]
-    assert list(optional)[-1] == "schedule" and optional["schedule"][0] == ["default", "fasth3"]
+    names = list(optional)
+    assert optional["schedule"][0] == ["default", "fasth3"]
+    # after it only the inputs appended later (the native LATENT where ComfyUI has one, the strength start, the cache)
+    assert [n for n in names[names.index("schedule") + 1:] if n != "native_latent"] == [
+        "source_latents", "source_video", "denoise", "source_audio", "step_cache"]
     seen = []
 
     def run_engine(handle, request, *args, **kwargs):
