@@ -81,7 +81,9 @@ def arrow(draw: ImageDraw.ImageDraw, x: int, y: int) -> None:
     draw.polygon([(x + 11, y), (x + 3, y - 7), (x + 3, y + 7)], fill=ACCENT)
 
 
-def before_after(card: Image.Image, before: np.ndarray, after: np.ndarray, labels=("source", "result")) -> None:
+def before_after(card: Image.Image, before: np.ndarray, after: np.ndarray, labels=("source", "result"),
+                 between: str | None = None) -> None:
+    """Two panels with an arrow between them, or the text `between` (two results side by side)."""
     draw = ImageDraw.Draw(card)
     width = 154
     for k, (pixels, label) in enumerate(((before, labels[0]), (after, labels[1]))):
@@ -90,7 +92,10 @@ def before_after(card: Image.Image, before: np.ndarray, after: np.ndarray, label
         y = (PICTURE_H - image.height) // 2
         card.paste(image, (x, y))
         draw.text((x, y + image.height + 6), label, font=font(12), fill=MUTED)
-    arrow(draw, SIZE // 2, PICTURE_H // 2)
+    if between is None:
+        arrow(draw, SIZE // 2, PICTURE_H // 2)
+    else:
+        draw.text((SIZE // 2, PICTURE_H // 2), between, font=font(12), fill=ACCENT, anchor="mm")
 
 
 def film_strip(card: Image.Image, frames: list[np.ndarray], x0: int, width: int, y: int, hatch: int = 0) -> None:
@@ -227,7 +232,7 @@ def picture(name: str, card: Image.Image) -> None:
     elif name == "h3_generate_then_refine":
         before_after(card, scene(0.5)[::2, ::2], scene(0.5), ("768p", "refined 1080p"))
     elif name == "h3_refine_vs_upscale":
-        before_after(card, scene(0.5), scene(0.5), ("H3 Refine", "SeedVR2"))
+        before_after(card, scene(0.5), scene(0.5), ("H3 Refine", "SeedVR2"), between="vs")
     elif name == "h3_video_restyle":
         frame = frames[middle]
         cool = (frame.astype(np.float32) * (0.55, 0.65, 1.0) + (20, 30, 60)).clip(0, 255).astype(np.uint8)
