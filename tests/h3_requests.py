@@ -60,3 +60,15 @@ def extension_request(**kw):
                 source_frames=video, source_audio=wave, source_sample_rate=32000, steps=2, seed=5)
     args.update(kw)
     return H3ExtendRequest(**args)
+
+
+def on_two_gloo_ranks(model_dir, request):
+    """`request` through an engine of two CPU ranks (gloo, one thread each) on the model folder: the result."""
+    from comfyui_h3.backend.engine import Engine
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    engine = Engine(h3_config(str(model_dir), dtype="float32", world_size=2, cpu_threads=1))
+    try:
+        return engine.generate(request)
+    finally:
+        engine.shutdown()

@@ -17,7 +17,7 @@ from comfyui_h3.backend.pipelines.h3.geometry import resolve_geometry
 from comfyui_h3.backend.pipelines.h3.init_clip import InitClip, prepare_init_clip
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
-from h3_requests import t2va
+from h3_requests import on_two_gloo_ranks, t2va
 
 
 def bilinear64(plane: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
@@ -196,16 +196,8 @@ def test_refine_sizes_follow_the_target_onto_32s():
 @pytest.mark.slow
 def test_a_refine_on_two_gloo_ranks_equals_one_rank(tiny_h3_dir, pipe, source):
     """Sequence parallelism runs the second pass as any request: 2 CPU ranks (gloo) == 1 rank."""
-    from comfyui_h3.backend.engine import Engine
-    from comfyui_h3.backend.pipelines.h3.family import h3_config
-
     request = refine.refine_request(source.video_latents, source.audio_latents, "surf", width=192, height=96,
                                     denoise=0.5, steps=4, seed=3, decode=False)
-    single = pipe.run(request)
-    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
-    try:
-        got = eng.generate(request)
-    finally:
-        eng.shutdown()
+    single, got = pipe.run(request), on_two_gloo_ranks(tiny_h3_dir, request)
     assert ((got.video_latents - single.video_latents).norm() / single.video_latents.norm()).item() <= 1e-4
     assert torch.equal(got.audio_latents, source.audio_latents)

@@ -13,7 +13,7 @@ from comfyui_h3.backend.errors import RequestError
 from comfyui_h3.backend.pipelines.h3 import step_cache as sc
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 
-from h3_requests import t2va
+from h3_requests import on_two_gloo_ranks, t2va
 from tiny_dit import dit_inputs, tiny_dit
 
 
@@ -175,16 +175,8 @@ def test_the_adaln_cache_and_block_streaming_reuse_as_the_resident_path(tiny_h3_
 
 @pytest.mark.slow
 def test_two_gloo_ranks_decide_as_one_rank(tiny_h3_dir, pipe):
-    from comfyui_h3.backend.engine import Engine
-    from comfyui_h3.backend.pipelines.h3.family import h3_config
-
     request = _req(step_cache="5")  # past the warm-up every step may be reused, as max_run allows
-    single = pipe.run(request)
-    eng = Engine(h3_config(str(tiny_h3_dir), dtype="float32", world_size=2, cpu_threads=1))
-    try:
-        got = eng.generate(request)
-    finally:
-        eng.shutdown()
+    single, got = pipe.run(request), on_two_gloo_ranks(tiny_h3_dir, request)
     ranks, one = got.manifest["step_cache"]["plans"][0], single.manifest["step_cache"]["plans"][0]
     assert ranks["cached_steps"] == one["cached_steps"] and one["cached_steps"]
     assert all(abs(a - b) <= 1e-4 * max(b, 1e-3) for a, b in zip(ranks["diffs"], one["diffs"]) if b is not None)
