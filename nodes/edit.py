@@ -10,11 +10,10 @@ import torch
 from ..backend.pipelines.h3.editing import AUDIO_MODES, MAX_MASK_SHAPING, PRESETS
 from ..backend.pipelines.h3.options import STRENGTH
 from ..backend.pipelines.h3.request import H3Request
-from ..types import H3Latents, mask_shaping
-from ..video_types import H3Video
+from ..types import mask_shaping
 from . import native_latent_io as native_io
-from .adapters import audio_to_waveform, waveform_to_audio
-from .sample import run_engine, run_summary, shift, with_manifest
+from .adapters import audio_to_waveform
+from .sample import h3_outputs, run_engine, shift
 from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 
@@ -138,9 +137,5 @@ class H3Edit:
         request = edit_request(video, mask, preset, prompt, steps, seed, video_shift, audio_shift, audio_mode,
                                audio_level, mask_grow, mask_feather, audio, denoise=denoise, **more)
         shaped = mask_shaping(mask)
-        result = run_engine(engine, request, steps, unique_id, summary=lambda r: edit_summary(preset, r, shaped))
-        out = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
-        latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [run_summary(result, lambda r: edit_summary(preset, r, shaped))]},
-                "result": native_io.with_native((out, waveform_to_audio(result.audio, result.sample_rate), latents),
-                                                latents)}
+        summary = lambda r: edit_summary(preset, r, shaped)  # noqa: E731
+        return h3_outputs(run_engine(engine, request, steps, unique_id, summary=summary), summary)

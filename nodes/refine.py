@@ -8,10 +8,8 @@ from ..backend.pipelines.h3.options import REFINE, STRENGTH
 from ..backend.pipelines.h3.refine import REFINE_AUDIO, REFINE_DENOISE, refine_request, refine_size, source_size
 from ..backend.pipelines.h3.schedule import SCHEDULES
 from ..types import H3Latents
-from ..video_types import H3Video
 from . import native_latent_io as native_io
-from .adapters import waveform_to_audio
-from .sample import run_engine, run_summary, shift, with_manifest
+from .sample import h3_outputs, run_engine, shift
 from .widgets import sampling_extras, sampling_fields, sampling_inputs
 
 
@@ -85,9 +83,4 @@ class H3Refine:
         except RequestError as exc:
             raise ValueError(str(exc)) from None
         summary = refine_summary(source, width, height, denoise)
-        result = run_engine(engine, request, steps, unique_id, desc="H3 refine", summary=summary)
-        video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
-        out = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [run_summary(result, summary)]},
-                "result": native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), out),
-                                                out)}
+        return h3_outputs(run_engine(engine, request, steps, unique_id, desc="H3 refine", summary=summary), summary)

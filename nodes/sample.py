@@ -123,12 +123,17 @@ class H3Sample:
             references=build_references(reference_images, reference_video, reference_audio), schedule=schedule,
             **sampling_fields(more), **start,
         )
-        result = run_engine(engine, request, steps, unique_id)
-        video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
-        latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
-        return {"ui": {"text": [run_summary(result)]},
-                "result": native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), latents),
-                                                latents)}
+        return h3_outputs(run_engine(engine, request, steps, unique_id))
+
+
+def h3_outputs(result, summary=None) -> dict:
+    """An H3 node's return: its summary line as ui text, and (VIDEO with the manifest, AUDIO, H3_LATENTS[, the
+    native LATENT]) of `result`."""
+    video = with_manifest(H3Video(result.frames, result.fps, result.audio, result.sample_rate), result)
+    latents = H3Latents(result.video_latents, result.audio_latents, result.fps)
+    return {"ui": {"text": [run_summary(result, summary)]},
+            "result": native_io.with_native((video, waveform_to_audio(result.audio, result.sample_rate), latents),
+                                            latents)}
 
 
 def run_engine(handle, request, total_steps: int, node_id=None, status=None, on_cancelled=None, summary=None,
