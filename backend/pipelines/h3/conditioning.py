@@ -44,6 +44,12 @@ def stretch_to(image: Image.Image, width: int, height: int) -> Image.Image:
     return image if image.size == (width, height) else image.resize((width, height), Image.Resampling.LANCZOS)
 
 
+def stretch_frames(frames: np.ndarray, width: int, height: int) -> np.ndarray:
+    """uint8 frames [F, H, W, 3] stretched to width x height, each with PIL's LANCZOS."""
+    return np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.LANCZOS))
+                     for f in frames])
+
+
 def cover_crop(image: Image.Image, width: int, height: int) -> Image.Image:
     """A following keyframe is scaled to cover the canvas and centre-cropped (rounded size, (src - dst) // 2)."""
     image = image.convert("RGB")
@@ -141,8 +147,7 @@ def normalize_references(references: list, num_frames: int, multiple: int, image
             frames = video_to_24fps(np.asarray(ref.frames), float(ref.fps))[:num_frames]
             h, w = resolve_canvas(frames.shape[2], frames.shape[1], multiple, canvas_short_edge, canvas_max_pixels)
             if frames.shape[1:3] != (h, w):
-                frames = np.stack([np.asarray(Image.fromarray(f).resize((w, h), Image.Resampling.LANCZOS))
-                                   for f in frames])
+                frames = stretch_frames(frames, w, h)
             out.append(NormalizedReference("video", frames=frames, audio=audio))
         elif ref.kind == "audio":
             out.append(NormalizedReference("audio", audio=audio))

@@ -18,9 +18,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
-from PIL import Image
 
-from .conditioning import video_to_24fps
+from .conditioning import stretch_frames, video_to_24fps
 from .editing import fit_canvas
 from .extension_plan import grid_floor
 from .extension_source import encode_soundtrack
@@ -66,8 +65,7 @@ def prepare_init_clip(frames, fps: float, waveform=None, sample_rate: int | None
     elif frames.shape[1:3] != (height, width):
         if width % multiple or height % multiple:
             raise RequestError(f"width and height must be multiples of {multiple}, got {width}x{height}.")
-        frames = np.stack([np.asarray(Image.fromarray(f).resize((width, height), Image.Resampling.LANCZOS))
-                           for f in frames])
+        frames = stretch_frames(frames, width, height)
     if waveform is not None and sample_rate is None:
         raise RequestError("The source video's soundtrack needs its sample rate.")
     wave = None if waveform is None else torch.as_tensor(waveform).float().cpu()

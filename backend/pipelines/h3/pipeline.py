@@ -40,6 +40,8 @@ class H3Pipeline:
         self.preview: StepPreview | None = None  # the running request's previews (rank 0, when asked for)
         self._latent_rgb: LatentRGB | None = None  # the preview projection, fitted once from this engine's VAE
         self._switched: dict | None = None  # what the last live-option switch did, for the next manifest
+        self._cache_settings = None  # the running request's step cache (step_cache.py); None: off
+        self._step_cache_reports: list[dict] = []
 
     def set_live_options(self, live: dict) -> None:
         """The engine's live options (families.py) before a job: the LoRAs, switched in place when they changed."""
@@ -53,7 +55,7 @@ class H3Pipeline:
         its stage manifest (backend/manifest.py; every rank gathers the peaks, rank 0's is the one returned)."""
         self.recorder = StageRecorder(self.c.device)
         self.preview = self._preview_for(req)
-        self.step_cache = step_cache.parse(getattr(req, "step_cache", "off"))
+        self._cache_settings = step_cache.parse(getattr(req, "step_cache", "off"))
         self._step_cache_reports = []
         try:
             result = TASKS[req.task](self, req, on_step, should_stop)
@@ -74,7 +76,7 @@ class H3Pipeline:
         planned first (resident blocks for this shape; text encoder / VAEs off the device if short)."""
         shard = self.parallel.rows(plan.layout.seq_len)
         self.c.enter_dit(dit, plan.layout.seq_len if shard is None else shard.local_len, plan.layout.seq_len)
-        settings = getattr(self, "step_cache", None)
+        settings = self._cache_settings
         cache = None if settings is None else step_cache.StepCache(
             settings, len(dit.transformer_blocks), None if not self.parallel.is_parallel else self.parallel.sum)
         try:

@@ -23,7 +23,7 @@ so they will be tuned once trained weights can be measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -72,7 +72,7 @@ def parse(value: str | None) -> StepCacheSettings | None:
                            f"(K >= 2), got {value!r}.") from None
     if not 0 <= threshold <= 10:
         raise RequestError(f"step_cache threshold must be in 0..10 (0 = off), got {threshold:g}.")
-    return None if threshold == 0 else StepCacheSettings(**{**PRESETS["balanced"].__dict__, "threshold": threshold})
+    return None if threshold == 0 else replace(PRESETS["balanced"], threshold=threshold)
 
 
 def rule(value) -> str | None:
