@@ -41,13 +41,13 @@ def build_request(args):
         width, height = target_size(args, source_size(video))
         return refine_request(video, audio, args.prompt, width, height, **strength, **fields)
     from .backend.media.decode import decode_video
-    from .backend.pipelines.h3.init_clip import prepare_init_clip
+    from .backend.pipelines.h3.init_clip import fitted_size
 
     if not os.path.isfile(args.video):
         raise FileNotFoundError(f"Video not found: {args.video}")
     clip = decode_video(args.video)
     frames, fps = clip.frames.numpy(), float(clip.frame_rate)
-    width, height = target_size(args, prepare_init_clip(frames[:5], fps).size)  # the clip's own canvas
+    width, height = target_size(args, fitted_size(frames))  # the clip's own canvas
     return refine_clip_request(frames, fps, clip.audio, clip.sample_rate, args.prompt, width, height, **strength,
                                **fields)
 

@@ -2,7 +2,8 @@
 where the request is made, and encoded on the workers, where the VAEs are.
 
 Host (`prepare_init_clip`): the frames held onto 24 fps (conditioning.video_to_24fps), cut DOWN to the largest
-17n+5 (frames are never invented), then put on the canvas: stretched to width x height (PIL LANCZOS) when both are
+17n+5 (frames are never invented; a clip longer than H3's longest, 345 frames, gives its first 345), then put on
+the canvas: stretched to width x height (PIL LANCZOS) when both are
 given, else fitted as an edit's source is (editing.fit_canvas: area-downscale over the pixel cap, centre crop to 32).
 The request's num_frames / width / height are the clip's from then on.
 
@@ -23,7 +24,7 @@ from .conditioning import stretch_frames, video_to_24fps
 from .editing import fit_canvas
 from .extension_plan import grid_floor
 from .extension_source import encode_soundtrack
-from .geometry import FPS, Geometry, RequestError
+from .geometry import FPS, MAX_SECONDS, Geometry, RequestError, frames_for_seconds
 
 
 @dataclass
@@ -54,7 +55,7 @@ def prepare_init_clip(frames, fps: float, waveform=None, sample_rate: int | None
         raise RequestError(f"The source video must be uint8 frames [frames, height, width, 3], got {frames.dtype} "
                            f"{tuple(frames.shape)}.")
     frames = video_to_24fps(frames, float(fps))
-    keep = grid_floor(int(frames.shape[0]))
+    keep = grid_floor(min(int(frames.shape[0]), frames_for_seconds(MAX_SECONDS)))  # a longer clip: its first 14.4 s
     if keep == 0:
         raise RequestError(f"The source video is {frames.shape[0]} frames at {FPS} fps; MiniMax-H3 needs at least 5.")
     frames = frames[:keep]
@@ -70,6 +71,12 @@ def prepare_init_clip(frames, fps: float, waveform=None, sample_rate: int | None
         raise RequestError("The source video's soundtrack needs its sample rate.")
     wave = None if waveform is None else torch.as_tensor(waveform).float().cpu()
     return InitClip(np.ascontiguousarray(frames), wave, None if wave is None else int(sample_rate))
+
+
+def fitted_size(frames, multiple: int = 32, max_pixels: int = 768 * 1344) -> tuple[int, int]:
+    """(width, height) prepare_init_clip fits a clip to without a width / height (its first frame tells)."""
+    fitted, _ = fit_canvas(np.asarray(frames[:1]), None, multiple, max_pixels)
+    return int(fitted.shape[2]), int(fitted.shape[1])
 
 
 def with_clip_latents(c, req, geo: Geometry):

@@ -105,9 +105,9 @@ def refine_clip_request(frames, fps: float, waveform, sample_rate: int | None, p
     first (to check the target against), is resized in pixels (LANCZOS) onto the target and encoded there by the
     workers' VAE (init_clip.py) -- its latents would come from that VAE anyway, and a pixel resize blurs less than
     the latent one."""
-    from .init_clip import prepare_init_clip
+    from .init_clip import fitted_size, prepare_init_clip
 
-    check_refine_size(prepare_init_clip(frames[:5], fps).size, (width, height))
+    check_refine_size(fitted_size(frames), (width, height))
     clip = prepare_init_clip(frames, fps, waveform, sample_rate, width=width, height=height)
     request = H3Request(prompt=prompt, num_frames=clip.num_frames, width=width, height=height, **fields)
     return replace(request, init_clip=clip, denoise=denoise, init_audio_mode=init_audio_mode)

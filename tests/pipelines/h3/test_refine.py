@@ -120,6 +120,17 @@ def test_prepare_init_clip_puts_a_clip_on_the_grids():
             prepare_init_clip(frames, **kw)
     with pytest.raises(RequestError, match="at least 5"):
         prepare_init_clip(frames[:3], 24.0)
+    long = np.repeat(frames[:1], 400, axis=0)  # 16.7 s: its first 345 frames (H3's longest clip)
+    assert prepare_init_clip(long, 24.0).num_frames == 345
+
+
+def test_a_clip_of_any_rate_refines_from_its_own_canvas():
+    from comfyui_h3.backend.pipelines.h3.init_clip import fitted_size
+
+    fast = _clip_frames(330, 40, 72)  # 5.5 s at 60 fps: a handful of its frames are less than one 24-fps frame
+    assert fitted_size(fast) == prepare_init_clip(fast, 60.0).size == (64, 32)
+    request = refine.refine_clip_request(fast, 60.0, None, None, "surf", width=128, height=64, denoise=0.5)
+    assert (request.num_frames, request.width, request.height) == (124, 128, 64)
 
 
 def test_a_clip_start_equals_its_latents_given_directly(pipe):
