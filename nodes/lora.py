@@ -20,7 +20,7 @@ class H3LoRA:
     RETURN_TYPES = ("H3_ENGINE",)
     RETURN_NAMES = ("engine",)
     OUTPUT_TOOLTIPS = ("The engine with this LoRA added (merged into the DiT when the engine loads; another LoRA or "
-                       "strength is another engine, loaded on first use).",)
+                       "strength on a later prompt is switched in place in seconds, without reloading the model).",)
     DESCRIPTION = ("Add a LoRA (diffusers / PEFT, kohya or ComfyUI-native keys, .safetensors) to an H3 engine. Chain "
                    "several to stack them.")
 

@@ -9,10 +9,12 @@ delta), `<module>.diff_b` (a bias delta), `<module>.set_weight` (a weight assign
 `transformer_blocks.{i}.attn.to_gate_compress` in every block: the learned gates of VSA's coarse branch, a module the
 base has not got (H3Attention.add_gate installs it).
 
-`read_adapter` reads only the header (names, shapes, metadata) and checks the file on its own; `check_adapter` holds
-it to a model's parameter shapes; `fuse_adapter` applies it (float32 arithmetic on the weights' device, the result in
-each weight's dtype) and installs the gates. Every refusal is one CheckpointError naming the file and the first
-offending tensors.
+`read_adapter` reads only the header (names, shapes, metadata) and checks what makes it FastVideo's file (format,
+declared counts, one rank, gates in every block or none); the tensors themselves are read, held to the model and
+turned into deltas by the LoRA reader every LoRA file goes through (models/lora.py, with `.set_weight` allowed):
+`check_adapter` holds it to a model's parameter shapes, `fuse_adapter` applies it (float32 arithmetic on the
+weights' device, the result in each weight's dtype) and installs the gates. Every refusal is one CheckpointError
+naming the file and the first offending tensors.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from typing import Mapping
 import torch
 from safetensors import safe_open
 
-from .checkpoint import CheckpointError, FiniteCheck, _first, reading
+from .checkpoint import CheckpointError, _first, reading
+from .lora import LoraFile, assignments, check_lora_finite, deltas, read_lora, split_key
 
 FORMAT = "fastvideo-lora-v2"  # the safetensors metadata `format` of FastVideo's adapter files
 ADAPTER_FILE = "adapter_model.safetensors"
-# suffix -> (operation, suffix of the parameter it edits); ".diff_b" before ".diff"
-SUFFIXES = ((".lora_A.weight", "lora_A", ".weight"), (".lora_B.weight", "lora_B", ".weight"),
-            (".set_weight", "set", ".weight"), (".diff_b", "diff_b", ".bias"), (".diff", "diff", ".weight"))
+# the LoRA reader's part -> this file's operation name (the metadata counts use these); alpha and kohya names are
+# no part of FastVideo's format
+OPERATIONS = {"A": "lora_A", "B": "lora_B", "set": "set", "diff_b": "diff_b", "diff": "diff"}
+FASTVIDEO_SUFFIXES = (".lora_A.weight", ".lora_B.weight", ".set_weight", ".diff_b", ".diff")
 GATE = re.compile(r"transformer_blocks\.(\d+)\.attn\.to_gate_compress\.weight")
 DECLARED = {"low_rank_tensors": ("lora_A", "lora_B"), "diff_tensors": ("diff", "diff_b"),
             "set_weight_tensors": ("set",)}  # metadata count -> the operations it counts
@@ -56,7 +60,8 @@ class Adapter:
 
     @property
     def rank(self) -> int | None:
-        ranks = {self.shapes[ops["lora_A"]][0] for ops in self.targets.values() if "lora_A" in ops}
+        ranks = {self.shapes[ops["lora_A"]][0] for ops in self.targets.values() if "lora_A" in ops
+                 and len(self.shapes[ops["lora_A"]]) == 2}
         return ranks.pop() if len(ranks) == 1 else None
 
     def describe(self) -> str:
@@ -89,15 +94,17 @@ def resolve_adapter_file(path: str | os.PathLike) -> Path:
 
 
 def _split(name: str) -> tuple[str, str] | None:
-    for suffix, op, target_suffix in SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)] + target_suffix, op
-    return None
+    """A tensor name -> (the parameter it edits, operation), None for what FastVideo's format has not got."""
+    split = split_key(name, assigned=True) if name.endswith(FASTVIDEO_SUFFIXES) else None
+    if split is None or split[2]:  # kohya's lora_unet_ names are no FastVideo file's
+        return None
+    op = OPERATIONS[split[1]]
+    return split[0] + (".bias" if op == "diff_b" else ".weight"), op
 
 
 def read_adapter(path: str | os.PathLike) -> Adapter:
-    """The adapter's header, checked on its own: FastVideo's format, known tensor kinds only, complete low-rank
-    pairs of one rank, and the tensor counts its metadata declares."""
+    """The adapter's header, checked on its own: FastVideo's format, known tensor kinds only, one rank, and the
+    tensor counts its metadata declares (pairs and shapes: check_adapter, by the LoRA reader)."""
     file = resolve_adapter_file(path)
     with reading(file), safe_open(str(file), framework="pt", device="cpu") as handle:
         metadata = dict(handle.metadata() or {})
@@ -121,19 +128,6 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     if unknown:
         raise CheckpointError(f"{file} holds tensors that are no FastH3 adapter part (.lora_A.weight, .lora_B.weight, "
                               f".diff, .diff_b, .set_weight): {_first(unknown)}")
-    unpaired = [ops.get("lora_A") or ops["lora_B"] for ops in targets.values()
-                if ("lora_A" in ops) != ("lora_B" in ops)]
-    if unpaired:
-        raise CheckpointError(f"{file} has low-rank factors without their other half (lora_A / lora_B): "
-                              f"{_first(unpaired)}")
-    bad = []
-    for ops in targets.values():
-        if "lora_A" in ops:
-            a, b = shapes[ops["lora_A"]], shapes[ops["lora_B"]]
-            if len(a) != 2 or len(b) != 2 or b[1] != a[0]:
-                bad.append(f"{ops['lora_A']} {a} / {ops['lora_B']} {b}")
-    if bad:
-        raise CheckpointError(f"{file}: low-rank factors must be lora_A [r, in] and lora_B [out, r]: {_first(bad, 3)}")
     adapter = Adapter(file, metadata, shapes, targets)
     if "lora_A" in {op for ops in targets.values() for op in ops} and adapter.rank is None:
         raise CheckpointError(f"{file} mixes low-rank factors of different ranks.")
@@ -154,69 +148,49 @@ def read_adapter(path: str | os.PathLike) -> Adapter:
     return adapter
 
 
-def check_adapter(adapter: Adapter, expected: Mapping[str, tuple], num_blocks: int) -> None:
-    """Hold the adapter to a model's parameters (name -> shape): every edit names a parameter of it with a fitting
-    shape; learned gates come for every block or none."""
-    unknown, wrong = [], []
-    for target, ops in sorted(adapter.targets.items()):
-        gate = GATE.fullmatch(target)
-        if gate is not None and target not in expected:
-            index = int(gate.group(1))
-            q_key = f"transformer_blocks.{index}.attn.to_q.weight"
-            if index >= num_blocks or set(ops) != {"set"}:
-                unknown.extend(ops.values())
-                continue
-            want = expected[q_key]
-        elif target in expected:
-            want = tuple(expected[target])
-        else:
-            unknown.extend(ops.values())
+def check_adapter(adapter: Adapter, expected: Mapping[str, tuple], num_blocks: int) -> LoraFile:
+    """Hold the adapter to a model's parameters (name -> shape, before any gate is installed): learned gates come
+    for every block or none, each only assigned; everything else as the LoRA reader holds any file (every edit a
+    module of the model, of its shape). Returns the file as that reader gives it."""
+    shapes = dict(expected)
+    bad_gates = []
+    for target in adapter.gates:
+        index = int(GATE.fullmatch(target).group(1))
+        q_key = f"transformer_blocks.{index}.attn.to_q.weight"
+        if target in shapes:
             continue
-        for op, key in ops.items():
-            shape = adapter.shapes[key]
-            if op == "lora_A":
-                shape = (adapter.shapes[ops["lora_B"]][0], shape[1])
-            if op != "lora_B" and tuple(shape) != tuple(want):
-                wrong.append(f"{key} {tuple(adapter.shapes[key])} for {target} {tuple(want)}")
-    if unknown:
-        raise CheckpointError(f"{adapter.path} edits parameters this model has not got: {_first(unknown)} (is it an "
-                              "adapter for this model's transformer/?)")
-    if wrong:
-        more = f" (+{len(wrong) - 3} more)" if len(wrong) > 3 else ""
-        raise CheckpointError(f"{adapter.path} does not fit this model: {'; '.join(wrong[:3])}{more}")
+        if index >= num_blocks or set(adapter.targets[target]) != {"set"} or q_key not in shapes:
+            bad_gates.extend(adapter.targets[target].values())
+            continue
+        shapes[target] = tuple(shapes[q_key])  # a gate projects like to_q: [inner, hidden]
+    if bad_gates:
+        raise CheckpointError(f"{adapter.path} edits parameters this model has not got: {_first(bad_gates)} (is it "
+                              "an adapter for this model's transformer/?)")
     gates = len(adapter.gates)
     if gates not in (0, num_blocks):
         raise CheckpointError(f"{adapter.path} sets learned VSA gates for {gates} of the model's {num_blocks} blocks; "
                               "a student carries them in every block or none.")
+    return read_lora(adapter.path, shapes, assigned=True)
 
 
 @torch.no_grad()
 def fuse_adapter(model: torch.nn.Module, adapter: Adapter) -> None:
-    """Apply the adapter to a loaded H3Transformer in place (before fuse_projections / FP8), gates included."""
+    """Apply the adapter to a loaded H3Transformer in place (before fuse_projections / FP8), gates included:
+    W = W + delta (the LoRA reader's: B @ A + diff), then the assigned tensors (gates among them)."""
     params = dict(model.named_parameters())
-    check_adapter(adapter, {k: tuple(v.shape) for k, v in params.items()}, len(model.transformer_blocks))
-    finite = FiniteCheck(adapter.path)  # a NaN adapter would load and make black video: checked on the device
+    lora = check_adapter(adapter, {k: tuple(v.shape) for k, v in params.items()}, len(model.transformer_blocks))
+    device = next(p for p in params.values() if p.numel()).device
     with reading(adapter.path), safe_open(str(adapter.path), framework="pt", device="cpu") as handle:
-        for target, ops in sorted(adapter.targets.items()):
-            gate = GATE.fullmatch(target)
-            if gate is not None and target not in params:
-                attn = model.transformer_blocks[int(gate.group(1))].attn
-                weight = handle.get_tensor(ops["set"]).to(attn.to_q.weight.device, attn.to_q.weight.dtype)
-                attn.add_gate(finite.add(ops["set"], weight))
-                continue
-            param = params[target]
-            if "set" in ops and len(ops) == 1:
-                param.copy_(finite.add(ops["set"], handle.get_tensor(ops["set"]).to(param.device, param.dtype)))
-                continue
-            part = {op: finite.add(key, handle.get_tensor(key).to(param.device).float()) for op, key in ops.items()}
-            w = param.float()
-            if "lora_A" in part:
-                w = w + part["lora_B"] @ part["lora_A"]
-            for op in ("diff", "diff_b"):
-                if op in part:
-                    w = w + part[op]
-            w = part.get("set", w)  # assigned last, as the release's reconstruction states
-            param.copy_(w.to(param.dtype))
-    finite.verify()
+        check_lora_finite(lora, handle, device)  # a NaN adapter would load and make black video
+        for target in adapter.gates:
+            attn = model.transformer_blocks[int(GATE.fullmatch(target).group(1))].attn
+            if attn.to_gate_compress is None:  # its values are assigned below
+                attn.add_gate(torch.empty_like(attn.to_q.weight))
+        params = dict(model.named_parameters())
+        for key, delta in deltas(lora, handle, device):
+            param = params[key]
+            param.copy_((param.float() + delta.reshape(param.shape)).to(param.dtype))
+        for key, value in assignments(lora, handle, device):
+            params[key].copy_(value.to(params[key].dtype))
     model.vsa_gates = adapter.has_gates
     logging.getLogger(__name__).info("FastH3 student fused: %s", adapter.describe())

@@ -13,6 +13,8 @@ Layouts (recognised key by key; one file may mix them):
   lora_down/up: a native tensor that joins several of ours (q | k | v in `qkv_proj`, the SwiGLU halves of `mlp.fc1`)
   gets its delta split the way the native key map (native_keys.py) splits the weight itself.
 - full-weight diffs, in any of these namings: `<module>.diff` (a weight delta), `<module>.diff_b` (a bias delta).
+- assigned weights, `<module>.set_weight`, only where the caller allows them (read_lora(assigned=True)): FastH3's
+  adapter (models/fasth3.py) is read here too; a user's LoRA at a strength cannot assign (what would 0.5 mean?).
 
 LyCORIS LoHa / LoKr / LoCon-mid keys are refused by name (no H3 file in those formats could be examined here).
 
@@ -49,6 +51,7 @@ LYCORIS = (".hada_w1_a", ".hada_w1_b", ".hada_w2_a", ".hada_w2_b", ".hada_t1", "
 OUR_PREFIXES = ("base_model.model.", "transformer.")
 NATIVE_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 KOHYA_PREFIXES = ("lora_unet_", "lora_transformer_")
+ASSIGNED_SUFFIX = ".set_weight"  # part "set": the weight replaced (FastH3's adapter only)
 TIME_PATH = re.compile(r"(^time_embedder\.|\.adaln_proj\.|^norm_out\.linear\.)")  # in our names
 # Names other video models' LoRAs use and H3's DiT has not got: a hint in the refusal
 OTHER_MODELS = (("self_attn", "Wan"), ("cross_attn", "Wan"), ("mmattn", "SeedVR2"), ("vid_in", "SeedVR2"),
@@ -176,9 +179,11 @@ class _Names:
         return self.ours.get(module) or self.native.get(module)
 
 
-def _split_key(key: str) -> tuple[str, str, bool] | None:
-    """A tensor key -> (module, part, kohya naming), or None when it is no LoRA part."""
-    for suffix, part in LOW_RANK_SUFFIXES.items():
+def split_key(key: str, assigned: bool = False) -> tuple[str, str, bool] | None:
+    """A tensor key -> (module, part, kohya naming), or None when it is no LoRA part (`.set_weight`, part "set",
+    only when `assigned`)."""
+    suffixes = {**LOW_RANK_SUFFIXES, ASSIGNED_SUFFIX: "set"} if assigned else LOW_RANK_SUFFIXES
+    for suffix, part in suffixes.items():
         if key.endswith(suffix):
             module = key[: -len(suffix)]
             for prefix in KOHYA_PREFIXES:
@@ -201,9 +206,10 @@ def _metadata_alpha(metadata: Mapping[str, str], file: Path) -> float | None:
                               f"({raw[:80]!r}).") from None
 
 
-def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]]) -> LoraFile:
+def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]], assigned: bool = False) -> LoraFile:
     """The file's header, held to a model's parameters (name -> shape, our unfused names): every tensor a LoRA
-    part, every module one the model has, low-rank pairs complete, of one rank each, and of the module's shape."""
+    part, every module one the model has, low-rank pairs complete, of one rank each, and of the module's shape.
+    `assigned`: `.set_weight` tensors are parts too (FastH3's adapter)."""
     file = Path(path)
     with reading(file), safe_open(str(file), framework="pt", device="cpu") as handle:
         metadata = dict(handle.metadata() or {})
@@ -223,12 +229,16 @@ def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]]) 
     grouped: dict[tuple[str, bool], dict[str, str]] = {}
     strangers = []
     for key in sorted(shapes):
-        split = _split_key(key)
+        split = split_key(key, assigned)
         if split is None:
             strangers.append(key)
             continue
         module, part, kohya = split
         grouped.setdefault((module, kohya), {})[part] = key
+    assigns = [k for k in strangers if k.endswith(ASSIGNED_SUFFIX)]
+    if assigns:
+        raise CheckpointError(f"{file} assigns whole weights ({_first(assigns, 3)}): that is FastH3's adapter form, "
+                              "not a LoRA; choose it as the loader's FastH3 student.")
     if strangers:
         raise CheckpointError(f"{file} holds tensors that are no LoRA part (.lora_A/.lora_B/.lora_down/.lora_up "
                               f".weight, .alpha, .diff, .diff_b): {_first(strangers)}")
@@ -254,8 +264,9 @@ def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]]) 
             a2, b2 = (a[0], math.prod(a[1:])), (b[0], math.prod(b[1:]))
             if len(a) < 2 or len(b) < 2 or b2[1] != a2[0] or (b2[0], a2[1]) != (want[0], math.prod(want[1:])):
                 bad.append(f"{parts['A']} {a} / {parts['B']} {b} for a weight {tuple(want)}")
-        if "diff" in parts and shapes[parts["diff"]] != tuple(want):
-            bad.append(f"{parts['diff']} {shapes[parts['diff']]} for a weight {tuple(want)}")
+        for part in ("diff", "set"):
+            if part in parts and shapes[parts[part]] != tuple(want):
+                bad.append(f"{parts[part]} {shapes[parts[part]]} for a weight {tuple(want)}")
         if "diff_b" in parts:
             want_b = None if bias is None else bias.native_shape([our_shapes[k] for k in bias.ours])
             if want_b is None or shapes[parts["diff_b"]] != tuple(want_b):
@@ -298,6 +309,15 @@ def deltas(lora: LoraFile, handle, device) -> Iterable[tuple[str, torch.Tensor]]
         if "diff_b" in parts:
             for key, piece in zip(edit.bias.ours, edit.bias.from_native(get(parts["diff_b"]))):
                 yield key, piece
+
+
+def assignments(lora: LoraFile, handle, device) -> Iterable[tuple[str, torch.Tensor]]:
+    """(our parameter, the float32 value it is set to) for every `.set_weight` of the file (read_lora(assigned=True)),
+    one module at a time; applied after the deltas (FastH3's reconstruction order)."""
+    for edit in lora.edits:
+        if "set" in edit.parts:
+            value = handle.get_tensor(edit.parts["set"]).to(device, torch.float32)
+            yield from zip(edit.weight.ours, edit.weight.from_native(value))
 
 
 def check_lora_finite(lora: LoraFile, handle, device) -> None:

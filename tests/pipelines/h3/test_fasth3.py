@@ -142,13 +142,13 @@ def _resize(key_end, shape):
 CASES = [
     ("format", None, {"format": "peft"}, "is not a FastH3 adapter: its metadata format is 'peft'"),
     ("unknown kind", _add("transformer_blocks.0.attn.to_q.alpha", (1,)), None, "no FastH3 adapter part"),
-    ("unpaired", _drop("attn.to_k.lora_B.weight"), {"low_rank_tensors": None}, "without their other half"),
+    ("unpaired", _drop("attn.to_k.lora_B.weight"), {"low_rank_tensors": None}, "its other half (up / B or down / A) is missing"),
     ("partial", _drop(".diff_b"), None, "declares diff_tensors=25 but carries 24"),
     ("rank", None, {"rank": "64"}, "declares rank 64 but its factors have rank 4"),
     ("foreign target", _add("transformer_blocks.7.attn.to_q.diff", (128, 48)), {"diff_tensors": "26"},
-     "edits parameters this model has not got: transformer_blocks.7.attn.to_q.diff"),
+     "edits modules the H3 DiT has not got: transformer_blocks.7.attn.to_q.diff"),
     ("shape", _resize("transformer_blocks.0.ff.net.2.lora_B.weight", (40, 4)), None,
-     "does not fit this model: transformer_blocks.0.ff.net.2.lora_A.weight"),
+     "does not fit this H3 DiT: transformer_blocks.0.ff.net.2.lora_A.weight"),
     ("some gates", _drop("transformer_blocks.1.attn.to_gate_compress.set_weight"), {"set_weight_tensors": "1"},
      "sets learned VSA gates for 1 of the model's 2 blocks"),
 ]
@@ -166,7 +166,7 @@ def test_bad_or_partial_adapters_are_refused_naming_the_file(tiny_h3_dir, studen
     with pytest.raises(CheckpointError) as caught:
         config.validate()
     assert message in str(caught.value) and str(bad) in str(caught.value)
-    with pytest.raises(CheckpointError, match="FastH3|fit|edits|declares|without|gates"):
+    with pytest.raises(CheckpointError, match="FastH3|fit|edits|declares|other half|gates"):
         load_h3_transformer(tiny_h3_dir / "transformer", dtype=torch.float32, adapter=bad)
 
 

@@ -201,6 +201,8 @@ def test_other_models_and_bad_files_are_refused_naming_the_file(tiny_h3_dir, sha
         "half": ({"transformer_blocks.0.attn.to_q.lora_A.weight": r(4, 8)}, "other half"),
         "loha": ({"lora_unet_blocks_0_attn_qkv_proj.hada_w1_a": r(4, 8)}, "LyCORIS"),
         "stranger": ({"transformer_blocks.0.attn.to_q.weight": r(4, 8)}, "no LoRA part"),
+        "assigns": ({"transformer_blocks.0.attn.to_q.set_weight": r(*shapes["transformer_blocks.0.attn.to_q.weight"])},
+                    "FastH3's adapter form"),  # FastH3's own file given as a LoRA
     }
     for name, (tensors, message) in cases.items():
         path = tmp_path / f"{name}.safetensors"
