@@ -133,9 +133,10 @@ def _generation_options(p, steps_help: str, latents_what: str = "the final laten
 
     _sampling_options(p, steps_help)
     p.set_defaults(steps=None)
-    p.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3"],
+    p.add_argument("--schedule", default="auto", choices=["auto", "default", "fasth3", "turbo"],
                    help="default: --steps steps on the shifted schedule; fasth3: the FastH3 student's 4-step ladder; "
-                        "auto: fasth3 with --fasth3, else default.")
+                        "turbo: the grid of the --lora Turbo file (LightX2V's; its steps and shifts); auto: fasth3 "
+                        "with --fasth3, turbo with a Turbo --lora, else default.")
     _device_options(p)
     add_manifest_option(p)
     p.add_argument("--out", default=None, help="Output MP4 (never overwritten). Default: output/h3_NNNNN.mp4")

@@ -37,15 +37,19 @@ def reference_from_file(path: str):
 
 
 def sampling_plan(args) -> tuple[str, int]:
-    """(schedule, steps) of a generate command: --schedule auto is fasth3 with --fasth3; --steps defaults to 50,
-    or to the ladder's 4 steps on the fasth3 schedule."""
+    """(schedule, steps) of a generate command: --schedule auto is fasth3 with --fasth3, turbo with a Turbo --lora;
+    --steps defaults to 50, to the ladder's 4 steps on the fasth3 schedule, or to the Turbo file's steps."""
+    from .backend.models.turbo_lora import turbo_contract
+    from .backend.models.lora import parse_lora_arg
     from .backend.pipelines.h3.schedule import FASTH3_STEPS
 
+    contracts = [c for c in (turbo_contract(parse_lora_arg(text)[0]) for text in getattr(args, "lora", None) or [])
+                 if c is not None]
     schedule = getattr(args, "schedule", "auto")
     if schedule == "auto":
-        schedule = "fasth3" if getattr(args, "fasth3", None) else "default"
-    steps = args.steps if args.steps is not None else (FASTH3_STEPS if schedule == "fasth3" else 50)
-    return schedule, steps
+        schedule = "fasth3" if getattr(args, "fasth3", None) else "turbo" if contracts else "default"
+    default_steps = {"fasth3": FASTH3_STEPS, "turbo": contracts[0].passes if contracts else 50}.get(schedule, 50)
+    return schedule, args.steps if args.steps is not None else default_steps
 
 
 def sampling_fields(args, **given) -> dict:

@@ -56,7 +56,8 @@ class H3Refine:
                 "source_audio": source_audio.input_spec(),
                 "schedule": (list(SCHEDULES), {"default": "default", "tooltip": (
                     "default: the shifted grid of `steps`. fasth3: the FastH3 student's 4-step ladder (load the "
-                    "student; steps 4).")}),
+                    "student; steps 4). turbo: the grid the engine's LightX2V Turbo LoRA was distilled for (its "
+                    "steps and shifts; add it with H3 LoRA).")}),
                 **native_io.input_spec("A native MiniMax-H3 AV LATENT to refine instead of latents."),
                 **sampling_extras(),
             },

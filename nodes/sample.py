@@ -74,7 +74,9 @@ class H3Sample:
                     "default": "default",
                     "tooltip": "default: `steps` steps on the model's shifted schedule. fasth3: the 4-step ladder "
                                "the FastH3 student was distilled on (set steps to 4; load the student in H3 Model "
-                               "Loader). Text-to-video only with the student."}),
+                               "Loader). Text-to-video only with the student. turbo: the grid the engine's "
+                               "LightX2V Turbo LoRA (H3 LoRA) was distilled for: its steps (4 or 8; set steps to "
+                               "them) and its shifts (leave the shifts 0)."}),
                 **native_io.input_spec(
                     "A native MiniMax-H3 AV LATENT (e.g. Empty MiniMax H3 AV Latent's, or a native sampler's) giving "
                     "the size and length: its frames replace seconds, its size width/height (leave them 0). At "

@@ -3,8 +3,10 @@
 
 Layouts (recognised key by key; one file may mix them):
 
-- diffusers / PEFT: `<module>.lora_A.weight` [r, in], `<module>.lora_B.weight` [out, r], optional `<module>.alpha`
-  (scale alpha / r; without it 1, or the `lora_alpha` / `r` a PEFT `lora_adapter_metadata` header entry states).
+- diffusers / PEFT: `<module>.lora_A.weight` [r, in], `<module>.lora_B.weight` [out, r] (or PEFT's
+  `.lora_A.default.weight`), optional `<module>.alpha` (scale alpha / r; without it the `lora_alpha` / `r` a PEFT
+  `lora_adapter_metadata` header entry states, or for a LightX2V Turbo file the release's alpha / r
+  (turbo_lora.py), else 1).
   Module names are ours (= the diffusers partition's: `transformer_blocks.0.attn.to_q`), optionally under
   `transformer.` or `base_model.model.`.
 - kohya: `lora_unet_<module with "." as "_">.lora_down.weight` [r, in] / `.lora_up.weight` [out, r] / `.alpha`
@@ -43,8 +45,10 @@ from safetensors import safe_open
 
 from .checkpoint import CheckpointError, FiniteCheck, _first, reading
 from .native_keys import Link, transformer_map
+from .turbo_lora import release_scale
 
 LOW_RANK_SUFFIXES = {".lora_A.weight": "A", ".lora_B.weight": "B", ".lora_down.weight": "A", ".lora_up.weight": "B",
+                     ".lora_A.default.weight": "A", ".lora_B.default.weight": "B",  # PEFT's adapter-named dict
                      ".alpha": "alpha", ".diff_b": "diff_b", ".diff": "diff"}
 LYCORIS = (".hada_w1_a", ".hada_w1_b", ".hada_w2_a", ".hada_w2_b", ".hada_t1", ".hada_t2", ".lokr_w1", ".lokr_w2",
            ".lokr_w1_a", ".lokr_w1_b", ".lokr_w2_a", ".lokr_w2_b", ".lokr_t2", ".lora_mid.weight", ".dora_scale")
@@ -96,7 +100,8 @@ class LoraFile:
     path: Path
     edits: tuple[ModuleEdit, ...]
     shapes: Mapping[str, tuple]
-    metadata_alpha: float | None  # PEFT's lora_alpha / r from the header, for edits without their own alpha
+    metadata_alpha: float | None  # the scale of edits without their own alpha: PEFT's lora_alpha / r from the
+    # header, or a Turbo release's alpha / r (turbo_lora.py); None: 1
 
     @property
     def ranks(self) -> list[int]:
@@ -279,7 +284,11 @@ def read_lora(path: str | os.PathLike, our_shapes: Mapping[str, Sequence[int]], 
     if bad:
         raise CheckpointError(f"{file} does not fit this H3 DiT: {'; '.join(bad[:3])}"
                               f"{f' (+{len(bad) - 3} more)' if len(bad) > 3 else ''}")
-    return LoraFile(file, tuple(edits), shapes, _metadata_alpha(metadata, file))
+    scale = _metadata_alpha(metadata, file)
+    ranks = {shapes[e.parts["A"]][0] for e in edits if "A" in e.parts}
+    if scale is None and len(ranks) == 1 and not any("alpha" in e.parts for e in edits):
+        scale = release_scale(file, ranks.pop())  # a Turbo file's PEFT copy: the release's alpha
+    return LoraFile(file, tuple(edits), shapes, scale)
 
 
 def deltas(lora: LoraFile, handle, device) -> Iterable[tuple[str, torch.Tensor]]:

@@ -270,7 +270,12 @@ class H3Components:
 
     def with_folder_shifts(self, req):
         """The request with its unset schedule shifts (None, or the option's unset 0) taken from this folder's
-        scheduler configs."""
+        scheduler configs -- or, on the turbo schedule, from the engine's Turbo LoRA (turbo.py, which also holds
+        its steps to the LoRA's)."""
+        if getattr(req, "schedule", "default") == "turbo":
+            from .turbo import turbo_request
+
+            return turbo_request(req, self.options.loras)
         if req.video_shift and req.audio_shift:
             return req
         return replace(req, video_shift=req.video_shift or self.video_shift, audio_shift=req.audio_shift or self.audio_shift)

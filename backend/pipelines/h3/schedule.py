@@ -24,7 +24,7 @@ import torch
 
 from .layout import CONDITION_T, PackedLayout
 
-SCHEDULES = ("default", "fasth3")
+SCHEDULES = ("default", "fasth3", "turbo")  # turbo: the default grid at a Turbo LoRA's steps and shifts (turbo.py)
 FASTH3_POSITIONS = (0.999, 0.749, 0.5, 0.25, 0.0)
 FASTH3_STEPS = len(FASTH3_POSITIONS) - 1
 RELEASE_VIDEO_SHIFT = 12.0
@@ -60,11 +60,12 @@ class DualSchedule:
 
     @classmethod
     def named(cls, name: str, steps: int, video_shift: float, audio_shift: float) -> "DualSchedule":
-        """A request's schedule: "default" (`steps` evaluations on the grid) or "fasth3" (its 4-step ladder)."""
+        """A request's schedule: "default" or "turbo" (`steps` evaluations on the grid; turbo's steps and shifts
+        are its LoRA's, filled in by turbo.py) or "fasth3" (its 4-step ladder)."""
         if name == "fasth3":
             return cls(shifted_positions(FASTH3_POSITIONS, video_shift),
                        shifted_positions(FASTH3_POSITIONS, audio_shift))
-        if name != "default":
+        if name not in ("default", "turbo"):
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {name!r}.")
         return cls.make(steps + 1, video_shift, audio_shift)
 
