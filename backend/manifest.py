@@ -35,7 +35,8 @@ def new_manifest() -> dict:
     """Every key a manifest has (None / empty until filled): the one statement of the schema."""
     return {
         "schema": SCHEMA,
-        "request": {"kind": None, "family": None, "task": None, "shapes": {}, "seed": None, "steps": None},
+        "request": {"kind": None, "family": None, "task": None, "shapes": {}, "seed": None, "steps": None,
+                    "schedule": None},  # where a family names one (H3: name, video_shift, audio_shift as run)
         "engine": {"family": None, "devices": [], "sp_degree": None, "attention": None, "compute_dtype": None,
                    "vae_dtype": None,  # as the VAE ran, where a family reports it (SeedVR2: float32 on a CPU
                    # without native bf16 when bf16 was asked for)

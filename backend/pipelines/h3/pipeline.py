@@ -65,6 +65,10 @@ class H3Pipeline:
             self.recorder, self.parallel, kind=req.task, family="h3", task=req.task, shapes=_shapes(result),
             seed=req.seed, steps=req.steps, timings=result.timings, adaln=self.c.adaln_report())
         result.manifest["step_cache"] = step_cache.summary(self._step_cache_reports, result.timings)
+        shifted = self.c.with_folder_shifts(req)  # the shifts as the task ran them (a turbo LoRA's, the folder's)
+        result.manifest["request"]["schedule"] = {"name": getattr(req, "schedule", "default"),
+                                                  "video_shift": shifted.video_shift,
+                                                  "audio_shift": shifted.audio_shift}
         result.manifest["engine"]["live_switch"], self._switched = self._switched, None
         return result
 

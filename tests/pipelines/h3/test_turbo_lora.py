@@ -122,6 +122,7 @@ def test_a_turbo_request_equals_the_default_grid_it_stands_for(tiny_h3_dir, shap
     got = pipe.run(t2va(steps=4, schedule="turbo"))
     want = pipe.run(t2va(steps=4, video_shift=6.0, audio_shift=3.0))
     assert torch.equal(got.video_latents, want.video_latents) and torch.equal(got.audio_latents, want.audio_latents)
+    assert got.manifest["request"]["schedule"] == {"name": "turbo", "video_shift": 6.0, "audio_shift": 3.0}
     plain = h3_config(str(tiny_h3_dir), dtype="float32").build_pipeline(0)
     with pytest.raises(RequestError, match="turbo schedule"):
         plain.run(t2va(steps=4, schedule="turbo"))
