@@ -97,8 +97,9 @@ def _model_option(p) -> None:
                         "schedule.")
     p.add_argument("--lora", action="append", default=[], metavar="FILE[:STRENGTH]",
                    help="A LoRA (.safetensors: diffusers / PEFT, kohya or ComfyUI-native keys) merged into the DiT "
-                        "at load, at STRENGTH (default 1); repeat to stack several, in order. 'tiny': the built-in "
-                        "test LoRA for the tiny model.")
+                        "at load, at STRENGTH (default 1); repeat to stack several, in order. 'tiny' / "
+                        "'tiny-turbo': the built-in test LoRAs for the tiny model (the second named as a 4-step "
+                        "Turbo file).")
     p.add_argument("--fp8", action="store_true",  # the weights option's fp8 (bf16 without the flag)
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; ~19 GB less for the "
                         "release) and run FP8 matmuls with per-row activation scales. Needs an NVIDIA GPU with FP8 "

@@ -39,12 +39,14 @@ def reference_from_file(path: str):
 def sampling_plan(args) -> tuple[str, int]:
     """(schedule, steps) of a generate command: --schedule auto is fasth3 with --fasth3, turbo with a Turbo --lora;
     --steps defaults to 50, to the ladder's 4 steps on the fasth3 schedule, or to the Turbo file's steps."""
-    from .backend.models.turbo_lora import turbo_contract
     from .backend.models.lora import parse_lora_arg
+    from .backend.models.turbo_lora import turbo_contract
     from .backend.pipelines.h3.schedule import FASTH3_STEPS
 
-    contracts = [c for c in (turbo_contract(parse_lora_arg(text)[0]) for text in getattr(args, "lora", None) or [])
-                 if c is not None]
+    from .tiny_model import TINY_TURBO_FILE
+
+    files = [parse_lora_arg(text)[0] for text in getattr(args, "lora", None) or []]
+    contracts = [c for c in (turbo_contract(TINY_TURBO_FILE if f == "tiny-turbo" else f) for f in files) if c]
     schedule = getattr(args, "schedule", "auto")
     if schedule == "auto":
         schedule = "fasth3" if getattr(args, "fasth3", None) else "turbo" if contracts else "default"
@@ -139,16 +141,17 @@ def attention_spec(args):
 
 
 def lora_choices(args) -> list:
-    """--lora FILE[:STRENGTH] (repeatable; 'tiny' the built-in test LoRA) -> (file, strength) pairs, in order."""
+    """--lora FILE[:STRENGTH] (repeatable; 'tiny' / 'tiny-turbo' the built-in test LoRAs) -> (file, strength)
+    pairs, in order."""
     from .backend.models.lora import parse_lora_arg
 
     pairs = []
     for text in getattr(args, "lora", None) or ():
         path, strength = parse_lora_arg(text)
-        if path == "tiny":
+        if path in ("tiny", "tiny-turbo"):
             from .tiny_model import ensure_tiny_lora
 
-            path = str(ensure_tiny_lora())
+            path = str(ensure_tiny_lora(turbo=path == "tiny-turbo"))
         pairs.append((path, strength))
     return pairs
 

@@ -20,6 +20,7 @@ class Card(NamedTuple):
 CARDS = (
     Card("h3_text_to_video", "Text to video", "A prompt becomes a video with its sound."),
     Card("h3_fasth3_text_to_video", "FastH3: text to video", "The 4-step student: a clip and its sound, fast."),
+    Card("h3_turbo_text_to_video", "Turbo: text to video", "A Turbo LoRA's few steps: a clip and its sound."),
     Card("h3_first_last_frame", "First & last frame", "Two keyframes, and the video between them."),
     Card("h3_video_restyle", "Video restyle", "A clip re-made from itself at a strength: same motion."),
     Card("h3_object_removal", "Object removal", "Mask an object: it is gone, the rest is kept."),

@@ -101,19 +101,25 @@ def ensure_tiny_student(variant: str = "vsa-datafree", target: str | os.PathLike
 
 
 TINY_LORA_NAME = "tiny-h3-lora (built-in test LoRA for the tiny model)"
+TINY_TURBO_LORA_NAME = "tiny-h3-turbo (built-in test LoRA named as LightX2V's 4-step Turbo)"
+# named as a released Turbo file so the turbo schedule reads its contract (models/turbo_lora.py): 4 steps, shift 6
+TINY_TURBO_FILE = "tiny_h3_fl2v_turbo_4step_v1.1_768p_bf16.safetensors"
 
 
-def ensure_tiny_lora(target: str | os.PathLike | None = None) -> Path:
+def ensure_tiny_lora(target: str | os.PathLike | None = None, turbo: bool = False) -> Path:
     """A random rank-4 kohya-layout LoRA over every block of the tiny H3 set (backend/models/lora_write.py):
-    <cache>/tiny-h3-lora/tiny-h3-lora.safetensors, built if absent (written beside and renamed into place)."""
+    <cache>/tiny-h3-lora/tiny-h3-lora.safetensors, built if absent (written beside and renamed into place).
+    `turbo`: another one (its own seed), named as LightX2V's 4-step Turbo file (TINY_TURBO_FILE) -- random weights:
+    it distils nothing, it lets the turbo schedule and its workflow run on the tiny model."""
     from .backend.models.lora_write import make_random_lora
 
-    target = Path(target) if target else cache_dir() / "tiny-h3-lora" / "tiny-h3-lora.safetensors"
+    name = TINY_TURBO_FILE if turbo else "tiny-h3-lora.safetensors"
+    target = Path(target) if target else cache_dir() / "tiny-h3-lora" / name
     if not target.is_file():
         with _building("LoRA", target.parent):
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                make_random_lora(target)
+                make_random_lora(target, seed=2025 if turbo else 2024)
             except FileExistsError:  # another process built it meanwhile
                 pass
     return target

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .. import comfy_services as services
 from ..backend.models.lora import lora_choice
-from ..tiny_model import TINY_LORA_NAME, ensure_tiny_lora
+from ..tiny_model import TINY_LORA_NAME, TINY_TURBO_LORA_NAME, ensure_tiny_lora
 from ..types import H3EngineHandle
 
 STRENGTH = {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.01}
@@ -29,9 +29,10 @@ class H3LoRA:
         return {
             "required": {
                 "engine": ("H3_ENGINE", {"tooltip": "From H3 Model Loader, or another H3 LoRA."}),
-                "lora_name": ([TINY_LORA_NAME] + services.lora_files(), {
-                    "tooltip": "A LoRA file from models/loras (extra_model_paths.yaml included). The built-in tiny "
-                               "LoRA goes with the tiny model."}),
+                "lora_name": ([TINY_LORA_NAME, TINY_TURBO_LORA_NAME] + services.lora_files(), {
+                    "tooltip": "A LoRA file from models/loras (extra_model_paths.yaml included). LightX2V's Turbo "
+                               "files keep their released names there, so H3 Sample's turbo schedule knows their "
+                               "steps and shifts. The built-in tiny LoRAs go with the tiny model."}),
                 "strength": ("FLOAT", {**STRENGTH, "tooltip": "How much of the LoRA: W + strength x delta (0: none, "
                                                               "negative: its opposite)."}),
             },
@@ -46,7 +47,10 @@ class H3LoRA:
     def apply(self, engine, lora_name, strength, time_scale=1.0):
         if not isinstance(engine, H3EngineHandle):
             raise ValueError("H3 LoRA takes an H3 engine (H3 Model Loader's output).")
-        path = str(ensure_tiny_lora()) if lora_name == TINY_LORA_NAME else services.resolve_lora(lora_name)
+        if lora_name in (TINY_LORA_NAME, TINY_TURBO_LORA_NAME):
+            path = str(ensure_tiny_lora(turbo=lora_name == TINY_TURBO_LORA_NAME))
+        else:
+            path = services.resolve_lora(lora_name)
         choice = lora_choice(path, strength, None if time_scale == 1 else strength * time_scale)
         options = engine.config.options
         config = replace(engine.config, options=replace(options, loras=tuple(options.loras) + (choice,)))

@@ -237,9 +237,10 @@ def picture(name: str, card: Image.Image) -> None:
         frame = frames[middle]
         cool = (frame.astype(np.float32) * (0.55, 0.65, 1.0) + (20, 30, 60)).clip(0, 255).astype(np.uint8)
         before_after(card, frame, cool, ("source", "restyled"))
-    elif name == "h3_fasth3_text_to_video":
+    elif name in ("h3_fasth3_text_to_video", "h3_turbo_text_to_video"):
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)
-        ImageDraw.Draw(card).text((20, 150), "4 steps", font=font(16), fill=ACCENT)
+        label = "4 steps" if "fasth3" in name else "Turbo LoRA, 4 steps"
+        ImageDraw.Draw(card).text((20, 150), label, font=font(16), fill=ACCENT)
         waveform(card, 190)
     else:  # text to video
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 60)

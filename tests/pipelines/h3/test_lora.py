@@ -286,7 +286,8 @@ def test_lora_node_lists_chains_and_refuses(tiny_h3_dir, shapes, tmp_path, monke
     monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
     spec = lora_node.H3LoRA.INPUT_TYPES()
     names = spec["required"]["lora_name"][0]
-    assert names == [lora_node.TINY_LORA_NAME, "styles/ink.safetensors", "wan.safetensors"]
+    assert names == [lora_node.TINY_LORA_NAME, lora_node.TINY_TURBO_LORA_NAME, "styles/ink.safetensors",
+                     "wan.safetensors"]
     assert all(opts.get("tooltip") for _, opts in list(spec["required"].values()) + list(spec["optional"].values()))
     base = loader.H3ModelLoader().load(loader.TINY_NAME, "cpu", "float32", "sdpa")[0]
     one = lora_node.H3LoRA().apply(base, "styles/ink.safetensors", 0.6)[0]

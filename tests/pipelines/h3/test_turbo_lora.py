@@ -140,3 +140,28 @@ def test_cli_picks_the_turbo_schedule_for_a_turbo_lora(flags, want):
 
     args = _parser().parse_args(["generate", "--prompt", "x", *flags])
     assert sampling_plan(args) == want
+
+
+@pytest.mark.slow
+def test_shipped_turbo_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
+    """example_workflows/api/h3_turbo_text_to_video.api.json through `run`: the tiny model, H3 LoRA with the tiny
+    Turbo-named LoRA, schedule turbo at its 4 steps -> a 5-s MP4 with its sound and a manifest naming the LoRA and
+    the turbo grid."""
+    import json
+    import os
+
+    from cli_helpers import REPO, cli, streams
+
+    wf = os.path.join(REPO, "example_workflows", "api", "h3_turbo_text_to_video.api.json")
+    out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path,
+              cache=tiny_h3_dir.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4/4" in out.stderr
+    (path,) = out.stdout.split()
+    assert path.endswith(".mp4") and streams(path) == (124, 24.0, 32000, 2)
+    with open(path + ".manifest.json") as handle:
+        manifest = json.load(handle)
+    assert manifest["request"]["schedule"] == {"name": "turbo", "video_shift": 6.0, "audio_shift": 3.0}
+    assert manifest["request"]["steps"] == 4
+    (lora,) = manifest["engine"]["loras"]
+    assert lora["file"].endswith("tiny_h3_fl2v_turbo_4step_v1.1_768p_bf16.safetensors") and lora["strength"] == 1.0
