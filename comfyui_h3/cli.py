@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_video_restyle", "h3_generate_then_refine", "h3_refine_vs_upscale")
 STEPPED_NODES = ("H3_Sample", "H3_Edit", "H3_Extend", "H3_Refine")  # the demo's --steps sets theirs
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-TEMP_ENV = "COMFYUI_H3_TEMP"  # the headless temp folder (comfy_services/paths.py)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -291,6 +289,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=6 * 3600,
                    help="With --server: seconds to wait for the workflow.")
 
+    m = command("mcp", help="Serve the pack's jobs to agents over the Model Context Protocol (pip install "
+                            "\"comfyui-h3[mcp]\").",
+                description="An MCP server whose tools are the pack's jobs (generate, edit, extend, upscale, "
+                            "run_workflow, upload_file, list_inputs, read_output), over stdio (the default: an agent "
+                            "starts it) or streamable HTTP on 127.0.0.1. Without --server the jobs run in this "
+                            "process on the pack's nodes (folders as for `run`); with --server on that ComfyUI, "
+                            "through its own routes.")
+    m.add_argument("--server", default=None, help="A running ComfyUI to run the jobs on (e.g. http://127.0.0.1:8188).")
+    m.add_argument("--http", type=int, default=None, metavar="PORT",
+                   help="Serve streamable HTTP on 127.0.0.1:PORT (path /mcp) instead of stdio.")
+
     d = command("demo", help="Build the tiny model if needed and run the shipped workflows on it.")
     d.add_argument("--out-dir", default=None, help="Default: ./output")
     d.add_argument("--steps", type=int, default=None, help="Override the workflows' step count.")
@@ -314,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         stopped = 130 if stop is None else None  # main() off the main thread: the host's Ctrl-C
         try:
             code = {"make-tiny": _make_tiny, "generate": _generate, "refine": _refine, "edit": _edit, "extend": _extend,
-                    "upscale": _upscale, "run": _run, "demo": _demo}[args.command](args)
+                    "upscale": _upscale, "run": _run, "demo": _demo, "mcp": _mcp}[args.command](args)
             return stop.exit_code if code == 130 and stop is not None and stop.requested else code  # a SIGTERM: 143
         except KeyboardInterrupt:
             print("Stopped.", file=sys.stderr)
@@ -474,12 +483,13 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     from . import comfy_services as services
     from .cli_outputs import check_writable
     from .cli_signals import stop_requested
+    from .headless_temp import temp_folder
     from .workflow_runner import execute
 
     if out_dir:
         os.environ["COMFYUI_H3_OUTPUT"] = os.path.abspath(out_dir)
     check_writable(os.path.join(services.output_directory(), "H3", "probe"))  # before the workflow, not after it
-    with _temp_folder(services.output_directory()):
+    with temp_folder(services.output_directory()):
         outputs = execute(prompt, on_node=lambda nid, cls: print(f"[{nid}] {cls}", file=sys.stderr),
                           should_stop=stop_requested)  # a node that finished despite a Stop: no node after it runs
     root = services.output_directory()
@@ -487,29 +497,19 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
             for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
 
 
-@contextlib.contextmanager
-def _temp_folder(output_dir: str):
-    """The nodes' temporaries (Mask Preview's MP4s, H3 Extend's streamed result) for one `run`: a hidden folder in
-    the output folder, removed when the workflow ends however it ends, unless COMFYUI_H3_TEMP names one to keep (the
-    demo keeps its previews). Nothing is left in the working directory."""
-    if os.environ.get(TEMP_ENV):
-        yield os.environ[TEMP_ENV]
-        return
-    import shutil
-    import tempfile
-
-    os.makedirs(output_dir, exist_ok=True)
-    folder = tempfile.mkdtemp(prefix=".h3-temp-", dir=output_dir)
-    os.environ[TEMP_ENV] = folder
+def _mcp(args) -> int:
     try:
-        yield folder
-    finally:
-        os.environ.pop(TEMP_ENV, None)
-        shutil.rmtree(folder, ignore_errors=True)
+        from .agent.mcp_server import serve
+    except ImportError as exc:
+        print(f"The MCP server needs the mcp package ({exc}): pip install \"comfyui-h3[mcp]\"", file=sys.stderr)
+        return 2
+    serve(args.server, args.http)
+    return 0
 
 
 def _demo(args) -> int:
     from . import comfy_services as services
+    from .headless_temp import TEMP_ENV
     from .tiny_model import ensure_tiny_model
     from .workflow_runner import apply_overrides, load_workflow
 

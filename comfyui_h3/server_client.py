@@ -29,13 +29,28 @@ def run_on_server(url: str, prompt: dict, out_dir: str, timeout_s: float = 3600)
 
     Raises RuntimeError when the server is unreachable, refuses the prompt (400: the node errors are in the message),
     the run fails or is interrupted, or `timeout_s` passes (the prompt is then left running on the server)."""
-    base = url.rstrip("/") if "://" in url else "http://" + url.rstrip("/")
+    base = base_url(url)
+    return _download_outputs(base, run_prompt(base, prompt, timeout_s), out_dir)
+
+
+def base_url(url: str) -> str:
+    return url.rstrip("/") if "://" in url else "http://" + url.rstrip("/")
+
+
+class Stopped(RuntimeError):
+    """The caller asked to stop: the prompt was interrupted on the server (or dropped from its queue)."""
+
+
+def run_prompt(base: str, prompt: dict, timeout_s: float = 3600, on_event=None, should_stop=None) -> dict:
+    """Submit `prompt`, follow it to its end, return its /history entry. `on_event(kind, data)` gets the
+    websocket's events of this prompt (executing, progress, ...); `should_stop()` true: the prompt is interrupted
+    and Stopped raised. Ctrl-C does the same, re-raising KeyboardInterrupt."""
     client_id = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_s
     names = {nid: node.get("class_type", "?") for nid, node in prompt.items()}
     prompt_id = None
     try:
-        watcher = _Watcher(base, client_id, names)
+        watcher = _Watcher(base, client_id, names, on_event, should_stop)
         watcher.connect()  # before submitting, so no event of a fast prompt is missed
         try:
             prompt_id = _submit(base, prompt, client_id)
@@ -43,12 +58,15 @@ def run_on_server(url: str, prompt: dict, out_dir: str, timeout_s: float = 3600)
             watcher.follow(prompt_id, deadline)
         finally:
             watcher.close()
-        history = _wait_history(base, prompt_id, deadline)
+        return _wait_history(base, prompt_id, deadline, should_stop)
     except KeyboardInterrupt:
         if prompt_id is not None:
             _stop(base, prompt_id)
         raise
-    return _download_outputs(base, history, out_dir)
+    except Stopped:
+        if prompt_id is not None:
+            _stop(base, prompt_id)
+        raise
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -126,9 +144,11 @@ def _stop(base: str, prompt_id: str) -> None:
     _log(f"asked ComfyUI to stop prompt {prompt_id}")
 
 
-def _wait_history(base: str, prompt_id: str, deadline: float) -> dict:
+def _wait_history(base: str, prompt_id: str, deadline: float, should_stop=None) -> dict:
     """Poll /history/<id> until the prompt is finished; raise RuntimeError if it failed."""
     while True:
+        if should_stop is not None and should_stop():
+            raise Stopped("Stopped by the caller.")
         entry = _get_json(base, f"/history/{urllib.parse.quote(prompt_id)}").get(prompt_id)
         if entry is not None:
             status = entry.get("status") or {}
@@ -162,8 +182,9 @@ class _Watcher:
     """Follows one prompt over the websocket. If aiohttp is missing or the socket fails, `follow` returns at once
     (or when the socket drops) and the caller's /history polling takes over."""
 
-    def __init__(self, base: str, client_id: str, names: dict):
+    def __init__(self, base: str, client_id: str, names: dict, on_event=None, should_stop=None):
         self.base, self.client_id, self.names = base, client_id, names
+        self.on_event, self.should_stop = on_event, should_stop
         self.loop = self.session = self.ws = None
 
     def connect(self) -> None:
@@ -192,12 +213,14 @@ class _Watcher:
             return
         try:
             self.loop.run_until_complete(self._follow(prompt_id, deadline))
-        except RuntimeError:
+        except (RuntimeError, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - socket dropped: poll instead
             _log(f"(websocket lost: {str(exc) or type(exc).__name__}; polling for the result)")
 
     async def _follow(self, prompt_id: str, deadline: float) -> None:
+        import asyncio
+
         import aiohttp
 
         while True:
@@ -205,7 +228,12 @@ class _Watcher:
             if left <= 0:
                 raise RuntimeError(f"Timed out waiting for prompt {prompt_id}; it is still queued or running on "
                                    "ComfyUI.")
-            msg = await self.ws.receive(timeout=left)
+            if self.should_stop is not None and self.should_stop():
+                raise Stopped("Stopped by the caller.")
+            try:
+                msg = await self.ws.receive(timeout=min(left, 0.5))  # wakes to look at should_stop
+            except asyncio.TimeoutError:
+                continue
             if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
                 raise ConnectionError("websocket closed")
             if msg.type != aiohttp.WSMsgType.TEXT:
@@ -214,6 +242,8 @@ class _Watcher:
             kind, data = event.get("type"), event.get("data") or {}
             if data.get("prompt_id") != prompt_id:
                 continue
+            if self.on_event is not None:
+                self.on_event(kind, data)
             if kind == "executing":
                 node = data.get("node")
                 if node is None:

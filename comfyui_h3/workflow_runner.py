@@ -17,7 +17,7 @@ from typing import Callable
 
 from .workflow_validation import WorkflowError, check_override, declared_inputs, is_link, validate_workflow
 
-__all__ = ["WorkflowError", "apply_overrides", "execute", "load_workflow"]
+__all__ = ["WorkflowError", "apply_overrides", "execute", "load_workflow", "planned_nodes"]
 
 
 def load_workflow(path: str | Path) -> dict:
@@ -78,6 +78,14 @@ def _order(prompt: dict, roots: list[str]) -> list[str]:
     for node_id in roots:
         visit(node_id, ())
     return order
+
+
+def planned_nodes(prompt: dict, node_classes: dict | None = None) -> list[str]:
+    """The nodes `execute` would run, in its order (WorkflowError for a workflow it would refuse)."""
+    if node_classes is None:
+        from .registration import NODE_CLASS_MAPPINGS as node_classes
+    prompt, outputs = validate_workflow(prompt, node_classes)
+    return _order(prompt, outputs)
 
 
 def execute(prompt: dict, node_classes: dict | None = None, on_node: Callable[[str, str], None] | None = None,

@@ -10,7 +10,24 @@ from typing import Optional
 from ._comfy import _comfy
 from .interrupt import _is_comfy_interrupt
 
-__all__ = ["ProgressReporter"]
+__all__ = ["ProgressReporter", "add_progress_listener"]
+
+_listeners: list = []  # headless: callables (desc, value, total) told of every update (the agent server's progress)
+_listeners_lock = threading.Lock()
+
+
+def add_progress_listener(listener) -> "callable":
+    """Headless runs: `listener(desc, value, total)` on every reporter update, from whichever thread updates;
+    returns the function that removes it."""
+    with _listeners_lock:
+        _listeners.append(listener)
+
+    def remove() -> None:
+        with _listeners_lock:
+            if listener in _listeners:
+                _listeners.remove(listener)
+
+    return remove
 
 
 class ProgressReporter:
@@ -59,6 +76,11 @@ class ProgressReporter:
         self.current = value
         if self._bar is None:
             self._print(value)
+            for listener in list(_listeners):
+                try:
+                    listener(self.desc, value, self.total)
+                except Exception:  # a listener must never fail a generation
+                    pass
             return
         try:
             self._bar.update_absolute(value, self.total, preview)
