@@ -289,6 +289,16 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=6 * 3600,
                    help="With --server: seconds to wait for the workflow.")
 
+    s = command("storyboard", help="Make a film from a shot list (cuts and continued scenes, one soundtrack).",
+                description="A shot list (JSON or YAML: {\"shots\": [{\"prompt\", \"seconds\", \"transition\": "
+                            "cut|continue, \"seed\"}], \"seed\", \"width\", \"height\", \"steps\", "
+                            "\"reference_images\"}; docs/STORYBOARD.md) made into one MP4: a cut is a new "
+                            "generation (with the film's reference images), a continue extends the scene so far.")
+    _model_option(s)
+    s.add_argument("shots", help="The shot list file (.json / .yaml); reference images relative to its folder.")
+    s.add_argument("--out", required=True, help="The film (MP4, never overwritten).")
+    _device_options(s)
+
     m = command("mcp", help="Serve the pack's jobs to agents over the Model Context Protocol (pip install "
                             "\"comfyui-h3[mcp]\").",
                 description="An MCP server whose tools are the pack's jobs (generate, edit, extend, upscale, "
@@ -323,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped = 130 if stop is None else None  # main() off the main thread: the host's Ctrl-C
         try:
             code = {"make-tiny": _make_tiny, "generate": _generate, "refine": _refine, "edit": _edit, "extend": _extend,
-                    "upscale": _upscale, "run": _run, "demo": _demo, "mcp": _mcp}[args.command](args)
+                    "upscale": _upscale, "run": _run, "demo": _demo, "mcp": _mcp,
+                    "storyboard": _storyboard}[args.command](args)
             return stop.exit_code if code == 130 and stop is not None and stop.requested else code  # a SIGTERM: 143
         except KeyboardInterrupt:
             print("Stopped.", file=sys.stderr)
@@ -495,6 +506,13 @@ def _run_local(prompt: dict, out_dir: str | None) -> list[str]:
     root = services.output_directory()
     return [os.path.join(root, item.get("subfolder", ""), item["filename"])
             for ui in outputs.values() for item in ui.get("images", []) if item.get("type", "output") == "output"]
+
+
+def _storyboard(args) -> int:
+    from .cli_storyboard import storyboard
+
+    args.device = resolve_device(args.device)
+    return storyboard(args, lambda: _model_folder(args))
 
 
 def _mcp(args) -> int:

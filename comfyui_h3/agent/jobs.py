@@ -163,8 +163,9 @@ def _edit_properties(info) -> dict:
             **_widgets(info, "H3_Edit", EDIT_OPTIONS),
             "mask_text": {"type": "string", "minLength": 1, "description": (
                 "The object to mask, named (H3 Track Mask with SAM3 follows it on every frame).")},
-            "track_model": {**widget_property(info, "H3_TrackMask", "model"),
-                            "description": "The tracker H3 Track Mask uses with mask_text."},
+            "track_model": {k: v for k, v in widget_property(info, "H3_TrackMask", "model").items() if k != "default"}
+            | {"description": "The tracker H3 Track Mask uses with mask_text (a SAM3 model; default: the first one "
+                              "listed)."},
             "box": _box("Instead of mask_text: the region to mask on the first frame, as fractions of the frame "
                         "(x, y: top-left; w, h: size; 0..1)."),
             "box_end": _box("With box: the region on the last frame; the box moves between them linearly."),
@@ -189,7 +190,12 @@ def _build_edit(args, info) -> dict:
     engine = _engine(g, args)
     video = g.add("H3_LoadVideo", video=args["video"], max_seconds=args.get("max_seconds"))
     if args.get("mask_text"):
-        mask = g.add("H3_TrackMask", video=[video, 0], text=args["mask_text"], model=args.get("track_model"))
+        trackers, _ = input_spec(info, "H3_TrackMask", "model")
+        tracker = args.get("track_model") or next((m for m in trackers if "sam3" in m.lower()), None)
+        if tracker is None:
+            raise ArgumentError("mask_text needs a SAM3 model for H3 Track Mask and none is installed (models/sam3); "
+                                "give a box instead.")
+        mask = g.add("H3_TrackMask", video=[video, 0], text=args["mask_text"], model=tracker)
     else:
         mask = g.add("H3_MaskDraw", video=[video, 0], mask_state=_box_state(args["box"], args.get("box_end")))
     edit = g.add("H3_Edit", engine=[engine, 0], video=[video, 0], mask=[mask, 0], prompt=args["prompt"],
