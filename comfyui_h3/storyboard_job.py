@@ -73,7 +73,7 @@ def make_film(board: Storyboard, run: Callable, out_path: str, references=(), sh
             scene = (result.video_latents, result.audio_latents)
             scene_frames += shot.frames
             done.append({"index": shot.index, "transition": shot.transition, "frames": shot.frames,
-                         "seed": shot.seed, "prompt": shot.prompt})
+                         "start_frame": sum(d["frames"] for d in done), "seed": shot.seed, "prompt": shot.prompt})
             if on_shot is not None:
                 on_shot(shot, len(done))
     except BaseException:

@@ -17,6 +17,7 @@ H3_LOADER_OPTIONS = ("device", "dtype", "attention", "sp_degree", "gpus", "adaln
 SEEDVR2_LOADER_OPTIONS = ("vae", "variant", "device", "dtype", "attention", "sp_degree", "gpus", "weights",
                           "resident_blocks")
 SAMPLE_OPTIONS = ("seconds", "width", "height", "steps", "seed", "video_shift", "audio_shift", "schedule", "step_cache")
+LOAD_OPTIONS = ("skip_first_frames", "frame_load_cap", "max_seconds")  # H3 Load Video's: a part of the clip
 EDIT_OPTIONS = ("preset", "steps", "seed", "audio_mode", "mask_grow", "mask_feather", "denoise", "step_cache")
 EXTEND_OPTIONS = ("seconds", "window_frames", "overlap_frames", "audio_mode", "steps", "seed", "step_cache")
 UPSCALE_OPTIONS = ("target", "scale", "short_side", "width", "height", "color_fix", "seed", "batch_frames")
@@ -74,7 +75,8 @@ def _has(info, class_type, name) -> bool:
 
 def _file(what: str) -> dict:
     return {"type": "string", "minLength": 1, "description": f"{what}: a file name in ComfyUI's input folder "
-                                                            "(upload_file puts one there)."}
+                                                            "(upload_file puts one there), or a file a tool saved, "
+                                                            "as its `ref` ('subfolder/name.mp4 [output]')."}
 
 
 def _options_object(info, class_type, names, what) -> dict:
@@ -169,8 +171,7 @@ def _edit_properties(info) -> dict:
             "box": _box("Instead of mask_text: the region to mask on the first frame, as fractions of the frame "
                         "(x, y: top-left; w, h: size; 0..1)."),
             "box_end": _box("With box: the region on the last frame; the box moves between them linearly."),
-            "max_seconds": widget_property(info, "H3_LoadVideo", "max_seconds"),
-            **_output_property("edit")}
+            **_widgets(info, "H3_LoadVideo", LOAD_OPTIONS), **_output_property("edit")}
 
 
 def _box_state(box, box_end, frames_hint: int = 100000) -> str:
@@ -188,7 +189,7 @@ def _build_edit(args, info) -> dict:
         raise ArgumentError("box_end needs box.")
     g = Graph(info)
     engine = _engine(g, args)
-    video = g.add("H3_LoadVideo", video=args["video"], max_seconds=args.get("max_seconds"))
+    video = g.add("H3_LoadVideo", video=args["video"], **_pick(args, LOAD_OPTIONS))
     if args.get("mask_text"):
         trackers, _ = input_spec(info, "H3_TrackMask", "model")
         tracker = args.get("track_model") or next((m for m in trackers if "sam3" in m.lower()), None)
@@ -209,13 +210,13 @@ def _build_edit(args, info) -> dict:
 def _extend_properties(info) -> dict:
     return {**_engine_properties(info), "video": _file("The video to continue"),
             "prompt": widget_property(info, "H3_Extend", "prompt"), **_widgets(info, "H3_Extend", EXTEND_OPTIONS),
-            **_output_property("extend")}
+            **_widgets(info, "H3_LoadVideo", LOAD_OPTIONS), **_output_property("extend")}
 
 
 def _build_extend(args, info) -> dict:
     g = Graph(info)
     engine = _engine(g, args)
-    video = g.add("H3_LoadVideo", video=args["video"])
+    video = g.add("H3_LoadVideo", video=args["video"], **_pick(args, LOAD_OPTIONS))
     extend = g.add("H3_Extend", engine=[engine, 0], video=[video, 0], prompt=args["prompt"],
                    **_pick(args, EXTEND_OPTIONS))
     _save(g, args, extend)
@@ -229,13 +230,13 @@ def _upscale_properties(info) -> dict:
                       "description": "The SeedVR2 model (SeedVR2 Model Loader's list)."},
             "loader": _options_object(info, "H3_SeedVR2Loader", SEEDVR2_LOADER_OPTIONS, "SeedVR2 Model Loader"),
             "video": _file("The video to upscale"), **_widgets(info, "H3_SeedVR2Upscale", UPSCALE_OPTIONS),
-            **_output_property("upscale")}
+            **_widgets(info, "H3_LoadVideo", LOAD_OPTIONS), **_output_property("upscale")}
 
 
 def _build_upscale(args, info) -> dict:
     g = Graph(info)
     engine = g.add("H3_SeedVR2Loader", model=args.get("model"), **(args.get("loader") or {}))
-    video = g.add("H3_LoadVideo", video=args["video"], force_rate=0.0)  # the clip's own rate
+    video = g.add("H3_LoadVideo", video=args["video"], force_rate=0.0, **_pick(args, LOAD_OPTIONS))  # own rate
     up = g.add("H3_SeedVR2Upscale", engine=[engine, 0], video=[video, 0], **_pick(args, UPSCALE_OPTIONS))
     _save(g, args, up)
     return g.nodes
@@ -256,3 +257,21 @@ JOBS = (
         _upscale_properties, ("video",), _build_upscale),
 )
 BY_NAME = {job.name: job for job in JOBS}
+
+
+def storyboard_schema(info) -> dict:
+    """The storyboard tool's arguments: the engine, the shot list (backend/pipelines/h3/storyboard.py's fields),
+    reference images from the input folder, where the film goes."""
+    shot = {"type": "object", "additionalProperties": False, "required": ["prompt"], "properties": {
+        "prompt": {"type": "string", "minLength": 1, "description": "What the shot shows and sounds like."},
+        "seconds": {"type": "number", "minimum": 0.5, "maximum": 600, "default": 5.0, "description": (
+            "A cut: 5 to 15 s (17n + 5 frames); a continue: the seconds it adds (whole 17-frame chunks).")},
+        "transition": {"type": "string", "enum": ["cut", "continue"], "default": "cut", "description": (
+            "cut: a new generation (with the film's reference images); continue: the scene so far extended, one "
+            "timeline (not the first shot).")},
+        "seed": {"type": "integer", "minimum": 0, "description": "Default: the film's seed + the shot's index."}}}
+    sample = _widgets(info, "H3_Sample", ("width", "height", "steps", "seed", "step_cache"))
+    return {"type": "object", "additionalProperties": False, "required": ["shots"], "properties": {
+        **_engine_properties(info), "shots": {"type": "array", "items": shot, "minItems": 1, "maxItems": 64},
+        **sample, "reference_images": {"type": "array", "items": _file("A reference image"), "maxItems": 9},
+        **_output_property("storyboard")}}

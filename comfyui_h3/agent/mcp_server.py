@@ -21,7 +21,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from .jobs import BY_NAME, JOBS
+from .jobs import BY_NAME, JOBS, storyboard_schema
 from .runners import LocalRunner, OutputFile, ServerRunner, check_upload_name
 from .schema import ArgumentError, check_arguments
 
@@ -70,6 +70,12 @@ class H3Tools:
         tools = [types.Tool(name=job.name, title=job.title, description=job.description,
                             input_schema=job.schema(info)) for job in JOBS]
         tools += [
+            types.Tool(name="storyboard", title="Make a film from shots", input_schema=storyboard_schema(info),
+                       description=(
+                           "A multi-shot film with one soundtrack from a shot list: each shot a prompt, seconds and "
+                           "a transition (cut: a new generation with the film's reference images for the same "
+                           "characters; continue: the scene extended). Returns the film (each shot's first frame "
+                           "and frames in `film`); a cancel keeps the finished shots as a _partial file.")),
             types.Tool(name="run_workflow", title="Run a workflow", input_schema=RUN_WORKFLOW, description=(
                 "Run a workflow file with overrides: a shipped one by name, or one of yours from the input folder.")),
             types.Tool(name="upload_file", title="Upload a file", input_schema=UPLOAD,
@@ -90,11 +96,15 @@ class H3Tools:
                 info = await anyio.to_thread.run_sync(self.runner.node_inputs)
                 job = BY_NAME[name]
                 args = check_arguments(job.schema(info), arguments)
-                return await self._run(job.build(args, info), report)
+                prompt = job.build(args, info)
+                return await self._run(lambda progress, stop: (self.runner.run(prompt, progress, stop), None), report)
+            if name == "storyboard":
+                info = await anyio.to_thread.run_sync(self.runner.node_inputs)
+                return await self._storyboard(check_arguments(storyboard_schema(info), arguments), report)
             if name == "run_workflow":
                 args = check_arguments(RUN_WORKFLOW, arguments)
                 prompt = await anyio.to_thread.run_sync(self._workflow, args["workflow"], args.get("overrides") or {})
-                return await self._run(prompt, report)
+                return await self._run(lambda progress, stop: (self.runner.run(prompt, progress, stop), None), report)
             if name == "upload_file":
                 return await anyio.to_thread.run_sync(self._upload, check_arguments(UPLOAD, arguments))
             if name == "list_inputs":
@@ -109,7 +119,21 @@ class H3Tools:
         except Exception as exc:  # noqa: BLE001 - every failure is the caller's to read, never the server's end
             return _text(_reason(exc), error=True)
 
-    async def _run(self, prompt: dict, report) -> types.CallToolResult:
+    async def _storyboard(self, args: dict, report) -> types.CallToolResult:
+        from ..backend.pipelines.h3.storyboard import parse_storyboard
+
+        board = parse_storyboard({"shots": args["shots"], **{k: args[k] for k in ("seed", "width", "height", "steps",
+                                                                                    "step_cache") if k in args}})
+        engine = {k: args.get(k) for k in ("model", "loader", "loras")}
+
+        def work(progress, stop):
+            return self.runner.storyboard(board, engine, args.get("reference_images") or [], args["filename_prefix"],
+                                          progress, stop)
+
+        return await self._run(work, report)
+
+    async def _run(self, work, report) -> types.CallToolResult:
+        """`work(progress, stop)` -> (files saved, extra report or None), in a worker thread."""
         stop = threading.Event()
         send, receive = anyio.create_memory_object_stream(max_buffer_size=math.inf)
 
@@ -141,16 +165,20 @@ class H3Tools:
                 group.start_soon(forward_progress)
                 try:
                     async with send:
-                        files = await anyio.to_thread.run_sync(self.runner.run, prompt, progress, stop)
+                        files, extra = await anyio.to_thread.run_sync(work, progress, stop)
                 finally:
                     await anyio.lowlevel.checkpoint_if_cancelled()  # a cancel that came meanwhile: raised here
                     watcher.cancel()
             records = []
             for file in files:
                 manifest = await anyio.to_thread.run_sync(self.runner.manifest, file)
-                records.append({**file.record(), "path": self.runner.local_path(file), "manifest": manifest})
-        names = ", ".join(f"{r['subfolder']}/{r['filename']}" if r["subfolder"] else r["filename"] for r in records)
-        return _text(f"Saved {len(records)} file(s): {names or 'none'}.", {"files": records})
+                ref = f"{file.subfolder}/{file.filename}" if file.subfolder else file.filename
+                records.append({**file.record(), "ref": f"{ref} [output]", "path": self.runner.local_path(file),
+                                "manifest": manifest})
+        names = ", ".join(r["ref"] for r in records)
+        structured = {"files": records} if extra is None else {"files": records, "film": extra}
+        stopped = " (stopped: the finished shots were kept)" if extra and extra.get("stopped") else ""
+        return _text(f"Saved {len(records)} file(s): {names or 'none'}{stopped}.", structured)
 
     def _workflow(self, workflow: str, overrides: dict) -> dict:
         from .. import comfy_services as services

@@ -109,6 +109,48 @@ class LocalRunner:
 
         services.request_interrupt()  # the running node stops at its next step
 
+    def storyboard(self, board, engine: dict, references: list[str], prefix: str, report: Progress,
+                   stop: threading.Event) -> tuple[list[OutputFile], dict]:
+        """A storyboard (backend/pipelines/h3/storyboard.py) made into one film on the engine the loader / LoRA
+        nodes would give for `engine` ({model, loader, loras}); the film under `prefix` in the output folder."""
+        from .. import comfy_services as services
+        from ..backend.engine import EngineCancelled, get_engine
+        from ..backend.media.encode import next_free_path
+        from ..cli_generate import reference_from_file
+        from ..nodes.loader import H3ModelLoader
+        from ..nodes.lora import H3LoRA
+        from ..storyboard_job import make_film
+
+        handle = H3ModelLoader().load(**{"model": engine.get("model"), "device": "auto", "dtype": "bfloat16",
+                                         "attention": "sdpa", **(engine.get("loader") or {})})[0]
+        for lora in engine.get("loras") or ():
+            handle = H3LoRA().apply(handle, lora["name"], lora.get("strength", 1.0))[0]
+        refs = [reference_from_file(services.resolve_input_path(name, must_exist=True)) for name in references]
+        out = next_free_path(services.output_directory(), prefix, ".mp4")  # a placeholder we own, inside the folder
+        count = len(board.shots)
+        with self._lock:
+            services.clear_interrupt()
+            eng = get_engine(handle.config)
+            state = {"shot": 0}
+
+            def run(request):
+                k = state["shot"]
+                state["shot"] += 1
+                report(float(k), float(count), f"shot {k + 1}/{count}")
+                try:
+                    return eng.generate(request, should_cancel=stop.is_set, progress=lambda done, total: report(
+                        k + min(done / max(total, 1), 0.999), float(count), f"shot {k + 1}/{count}: {done}/{total}"))
+                except EngineCancelled:
+                    return None
+
+            film = make_film(board, run, out, refs, should_stop=stop.is_set)
+        report(float(count), float(count), "done")
+        if film["path"] is None:
+            return [], film
+        rel = os.path.relpath(film["path"], services.output_directory())
+        sub, name = os.path.split(rel)
+        return [OutputFile(name, sub.replace(os.sep, "/"))], film
+
     def _path(self, file: OutputFile) -> str:
         from .. import comfy_services as services
 
@@ -197,6 +239,10 @@ class ServerRunner:
 
     def interrupt(self) -> None:
         """Nothing to do here: the run polls its stop event and interrupts the prompt on the server."""
+
+    def storyboard(self, *args, **kwargs):
+        raise ArgumentError("storyboard runs on the headless runner for now: start `python -m comfyui_h3 mcp` "
+                            "without --server (on the machine with the models); the other tools run on ComfyUI.")
 
     def read_input(self, name: str) -> bytes:
         """A file of the server's input folder (a workflow the caller put there)."""

@@ -63,8 +63,8 @@ def _files(result):
 async def test_the_tools_and_their_schemas_come_from_the_nodes(server):
     async with Client(server) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
-    assert set(tools) == {"generate", "edit", "extend", "upscale", "run_workflow", "upload_file", "list_inputs",
-                          "read_output"}
+    assert set(tools) == {"generate", "edit", "extend", "upscale", "storyboard", "run_workflow", "upload_file",
+                          "list_inputs", "read_output"}
     gen = tools["generate"].input_schema
     assert gen["required"] == ["prompt"] and gen["additionalProperties"] is False
     assert (gen["properties"]["steps"]["minimum"], gen["properties"]["steps"]["maximum"]) == (1, 1000)
@@ -179,3 +179,30 @@ async def test_over_stdio_as_an_agent_starts_it(folders, tiny_h3_dir):
         bad = await client.call_tool("generate", {"prompt": "x", "steps": -1})
     assert "generate" in names and not listed.is_error and bad.is_error
     assert json.loads(json.dumps(listed.structured_content))["videos"] == []
+
+
+async def test_a_storyboard_film_then_a_removal_on_its_second_shot(server, folders):
+    """What the README's agent example asks for: a 3-shot film (cut, continue, cut), then H3 Edit on the second
+    shot alone, read from the film by its `ref` and the shot's frames."""
+    from cli_helpers import streams
+
+    seen, on_progress = _progress_log()
+    shots = [{"prompt": "a fox at the edge of a wood", "seconds": 5},
+             {"prompt": "the fox trots into the clearing", "seconds": 5, "transition": "continue"},
+             {"prompt": "an owl on a branch at night", "seconds": 5, "transition": "cut"}]
+    async with Client(server) as client:
+        film = await client.call_tool("storyboard", {"shots": shots, "width": 64, "height": 64, "seed": 4,
+                                                     **FAST}, progress_callback=on_progress)
+        (file,) = _files(film)
+        report = film.structured_content["film"]
+        second = report["shots"][1]
+        edit = await client.call_tool("edit", {"video": file["ref"], "skip_first_frames": second["start_frame"],
+                                               "frame_load_cap": second["frames"], "prompt": "the empty clearing",
+                                               "mask_text": "the fox", **FAST})
+    assert [(s["transition"], s["frames"], s["start_frame"]) for s in report["shots"]] == [
+        ("cut", 124, 0), ("continue", 136, 124), ("cut", 124, 260)]
+    assert streams(file["path"])[:2] == (384, 24.0) and not report["stopped"]
+    values = [p for p, _, _ in seen]
+    assert values == sorted(values) and seen[-1][:2] == (3.0, 3.0)
+    (edited,) = _files(edit)
+    assert streams(edited["path"])[0] == 124  # the shot's 136 frames, cut down to 17n + 5
