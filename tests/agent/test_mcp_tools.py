@@ -206,3 +206,19 @@ async def test_a_storyboard_film_then_a_removal_on_its_second_shot(server, folde
     assert values == sorted(values) and seen[-1][:2] == (3.0, 3.0)
     (edited,) = _files(edit)
     assert streams(edited["path"])[0] == 124  # the shot's 136 frames, cut down to 17n + 5
+
+
+@pytest.mark.slow
+def test_the_readme_agent_example_runs_on_the_tiny_models(folders, tiny_h3_dir):
+    """examples/mcp_film_agent.py --tiny (the README's agent example) as a user runs it: the film and the edited
+    second shot, both saved."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "mcp_film_agent.py"), "--tiny"], cwd=folders,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    for ref in result.values():
+        name = ref.removesuffix(" [output]")
+        assert (folders / "output" / name).is_file(), ref
