@@ -17,6 +17,7 @@ from .nodes.sample import H3Sample
 from .nodes.save_video import H3SaveVideo
 from .nodes.seedvr2_loader import H3SeedVR2Loader
 from .nodes.seedvr2_upscale import H3SeedVR2Upscale
+from .nodes.storyboard import H3Storyboard
 from .nodes.track_mask import H3TrackMask
 from . import comfy_services as services
 from .install_samples import install_sample_inputs
@@ -34,6 +35,7 @@ NODE_CLASS_MAPPINGS = {
     "H3_MaskDraw": H3MaskDraw,
     "H3_MaskPreview": H3MaskPreview,
     "H3_Extend": H3Extend,
+    "H3_Storyboard": H3Storyboard,
     "H3_SeedVR2Loader": H3SeedVR2Loader,
     "H3_SeedVR2Upscale": H3SeedVR2Upscale,
     "H3_TrackMask": H3TrackMask,
@@ -52,6 +54,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "H3_MaskDraw": "H3 Mask Draw",
     "H3_MaskPreview": "H3 Mask Preview",
     "H3_Extend": "H3 Extend (continue past 15 s)",
+    "H3_Storyboard": "H3 Storyboard (a film from shots)",
     "H3_SeedVR2Loader": "SeedVR2 Model Loader",
     "H3_SeedVR2Upscale": "SeedVR2 Upscale",
     "H3_TrackMask": "H3 Track Mask",

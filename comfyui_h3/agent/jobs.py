@@ -242,6 +242,48 @@ def _build_upscale(args, info) -> dict:
     return g.nodes
 
 
+# -- storyboard -------------------------------------------------------------------------------------------------------
+
+def _storyboard_properties(info) -> dict:
+    shot = {"type": "object", "additionalProperties": False, "required": ["prompt"], "properties": {
+        "prompt": {"type": "string", "minLength": 1, "description": "What the shot shows and sounds like."},
+        "seconds": {"type": "number", "minimum": 0.5, "maximum": 600, "default": 5.0, "description": (
+            "A cut: 5 to 15 s (17n + 5 frames); a continue: the seconds it adds (whole 17-frame chunks).")},
+        "transition": {"type": "string", "enum": ["cut", "continue"], "default": "cut", "description": (
+            "cut: a new generation (with the reference image); continue: the scene so far extended, one timeline "
+            "(not the first shot).")},
+        "seed": {"type": "integer", "minimum": 0, "description": "Default: the film's seed + the shot's index."}}}
+    return {**_engine_properties(info), "shots": {"type": "array", "items": shot, "minItems": 1, "maxItems": 64},
+            **_widgets(info, "H3_Storyboard", ("width", "height", "steps", "seed")),
+            "reference_image": _file("A reference image every cut shot is made with (the same characters)"),
+            **_output_property("storyboard")}
+
+
+def _build_storyboard(args, info) -> dict:
+    g = Graph(info)
+    engine = _engine(g, args)
+    refs = {"reference_images": [g.add("H3_LoadImage", image=args["reference_image"]), 0]} \
+        if args.get("reference_image") else {}
+    film = g.add("H3_Storyboard", engine=[engine, 0], shots=json.dumps({"shots": args["shots"]}),
+                 **_pick(args, ("width", "height", "steps", "seed")), **refs)
+    _save(g, args, film)
+    return g.nodes
+
+
+def storyboard_plan(args) -> dict:
+    """The film's shots as the storyboard plans them (index, transition, frames, start_frame, seed): what an agent
+    needs to address one shot of the saved film (its frames from start_frame)."""
+    from ..backend.pipelines.h3.storyboard import parse_storyboard
+
+    board = parse_storyboard({"shots": args["shots"], "seed": args.get("seed", 0)})
+    shots, start = [], 0
+    for shot in board.shots:
+        shots.append({"index": shot.index, "transition": shot.transition, "frames": shot.frames,
+                      "start_frame": start, "seed": shot.seed})
+        start += shot.frames
+    return {"shots": shots, "frames": start, "seconds": start / 24.0}
+
+
 JOBS = (
     Job("generate", "Generate a video", "A video with its sound from a prompt (MiniMax-H3): text to video, first / last "
         "frame to video (first_frame / last_frame), reference to video (reference_image); optionally refined to "
@@ -255,23 +297,11 @@ JOBS = (
         _extend_properties, ("video", "prompt"), _build_extend),
     Job("upscale", "Upscale a video", "Restore and upscale a video with SeedVR2 (its sound kept).",
         _upscale_properties, ("video",), _build_upscale),
+    Job("storyboard", "Make a film from shots", "A multi-shot film with one soundtrack from a shot list (H3 "
+        "Storyboard): each shot a prompt, seconds and a transition -- cut (a new generation, with the reference "
+        "image for the same characters) or continue (the scene extended). Returns the film and `film`: each shot's "
+        "start_frame and frames (to edit one shot: skip_first_frames / frame_load_cap).",
+        _storyboard_properties, ("shots",), _build_storyboard),
 )
 BY_NAME = {job.name: job for job in JOBS}
 
-
-def storyboard_schema(info) -> dict:
-    """The storyboard tool's arguments: the engine, the shot list (backend/pipelines/h3/storyboard.py's fields),
-    reference images from the input folder, where the film goes."""
-    shot = {"type": "object", "additionalProperties": False, "required": ["prompt"], "properties": {
-        "prompt": {"type": "string", "minLength": 1, "description": "What the shot shows and sounds like."},
-        "seconds": {"type": "number", "minimum": 0.5, "maximum": 600, "default": 5.0, "description": (
-            "A cut: 5 to 15 s (17n + 5 frames); a continue: the seconds it adds (whole 17-frame chunks).")},
-        "transition": {"type": "string", "enum": ["cut", "continue"], "default": "cut", "description": (
-            "cut: a new generation (with the film's reference images); continue: the scene so far extended, one "
-            "timeline (not the first shot).")},
-        "seed": {"type": "integer", "minimum": 0, "description": "Default: the film's seed + the shot's index."}}}
-    sample = _widgets(info, "H3_Sample", ("width", "height", "steps", "seed", "step_cache"))
-    return {"type": "object", "additionalProperties": False, "required": ["shots"], "properties": {
-        **_engine_properties(info), "shots": {"type": "array", "items": shot, "minItems": 1, "maxItems": 64},
-        **sample, "reference_images": {"type": "array", "items": _file("A reference image"), "maxItems": 9},
-        **_output_property("storyboard")}}

@@ -21,7 +21,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 
-from .jobs import BY_NAME, JOBS, storyboard_schema
+from .jobs import BY_NAME, JOBS, storyboard_plan
 from .runners import LocalRunner, OutputFile, ServerRunner, check_upload_name
 from .schema import ArgumentError, check_arguments
 
@@ -70,12 +70,6 @@ class H3Tools:
         tools = [types.Tool(name=job.name, title=job.title, description=job.description,
                             input_schema=job.schema(info)) for job in JOBS]
         tools += [
-            types.Tool(name="storyboard", title="Make a film from shots", input_schema=storyboard_schema(info),
-                       description=(
-                           "A multi-shot film with one soundtrack from a shot list: each shot a prompt, seconds and "
-                           "a transition (cut: a new generation with the film's reference images for the same "
-                           "characters; continue: the scene extended). Returns the film (each shot's first frame "
-                           "and frames in `film`); a cancel keeps the finished shots as a _partial file.")),
             types.Tool(name="run_workflow", title="Run a workflow", input_schema=RUN_WORKFLOW, description=(
                 "Run a workflow file with overrides: a shipped one by name, or one of yours from the input folder.")),
             types.Tool(name="upload_file", title="Upload a file", input_schema=UPLOAD,
@@ -97,10 +91,8 @@ class H3Tools:
                 job = BY_NAME[name]
                 args = check_arguments(job.schema(info), arguments)
                 prompt = job.build(args, info)
-                return await self._run(lambda progress, stop: (self.runner.run(prompt, progress, stop), None), report)
-            if name == "storyboard":
-                info = await anyio.to_thread.run_sync(self.runner.node_inputs)
-                return await self._storyboard(check_arguments(storyboard_schema(info), arguments), report)
+                extra = storyboard_plan(args) if name == "storyboard" else None  # refuses a bad list before the run
+                return await self._run(lambda progress, stop: (self.runner.run(prompt, progress, stop), extra), report)
             if name == "run_workflow":
                 args = check_arguments(RUN_WORKFLOW, arguments)
                 prompt = await anyio.to_thread.run_sync(self._workflow, args["workflow"], args.get("overrides") or {})
@@ -118,19 +110,6 @@ class H3Tools:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is the caller's to read, never the server's end
             return _text(_reason(exc), error=True)
-
-    async def _storyboard(self, args: dict, report) -> types.CallToolResult:
-        from ..backend.pipelines.h3.storyboard import parse_storyboard
-
-        board = parse_storyboard({"shots": args["shots"], **{k: args[k] for k in ("seed", "width", "height", "steps",
-                                                                                    "step_cache") if k in args}})
-        engine = {k: args.get(k) for k in ("model", "loader", "loras")}
-
-        def work(progress, stop):
-            return self.runner.storyboard(board, engine, args.get("reference_images") or [], args["filename_prefix"],
-                                          progress, stop)
-
-        return await self._run(work, report)
 
     async def _run(self, work, report) -> types.CallToolResult:
         """`work(progress, stop)` -> (files saved, extra report or None), in a worker thread."""
@@ -177,8 +156,7 @@ class H3Tools:
                                 "manifest": manifest})
         names = ", ".join(r["ref"] for r in records)
         structured = {"files": records} if extra is None else {"files": records, "film": extra}
-        stopped = " (stopped: the finished shots were kept)" if extra and extra.get("stopped") else ""
-        return _text(f"Saved {len(records)} file(s): {names or 'none'}{stopped}.", structured)
+        return _text(f"Saved {len(records)} file(s): {names or 'none'}.", structured)
 
     def _workflow(self, workflow: str, overrides: dict) -> dict:
         from .. import comfy_services as services

@@ -82,17 +82,17 @@ class LocalRunner:
         order = planned_nodes(prompt)  # WorkflowError before anything runs
         with self._lock:
             services.clear_interrupt()
-            state = {"done": -1, "name": ""}
+            state = {"done": -1, "name": "", "at": 0.0}
 
             def on_node(node_id, class_type):
                 state["done"] += 1
-                state["name"] = f"[{node_id}] {class_type}"
-                report(float(state["done"]), float(len(order)), state["name"])
+                state["name"], state["at"] = f"[{node_id}] {class_type}", float(state["done"])
+                report(state["at"], float(len(order)), state["name"])
 
-            def on_update(desc, value, total):
+            def on_update(desc, value, total):  # a node may run several bars (a storyboard's shots): never back
                 fraction = value / total if total else 0.0
-                report(state["done"] + min(fraction, 0.999), float(len(order)),
-                       f"{state['name']} {desc}: {value}/{total}")
+                state["at"] = max(state["at"], state["done"] + min(fraction, 0.999))
+                report(state["at"], float(len(order)), f"{state['name']} {desc}: {value}/{total}")
 
             remove = add_progress_listener(on_update)
             try:
@@ -108,48 +108,6 @@ class LocalRunner:
         from .. import comfy_services as services
 
         services.request_interrupt()  # the running node stops at its next step
-
-    def storyboard(self, board, engine: dict, references: list[str], prefix: str, report: Progress,
-                   stop: threading.Event) -> tuple[list[OutputFile], dict]:
-        """A storyboard (backend/pipelines/h3/storyboard.py) made into one film on the engine the loader / LoRA
-        nodes would give for `engine` ({model, loader, loras}); the film under `prefix` in the output folder."""
-        from .. import comfy_services as services
-        from ..backend.engine import EngineCancelled, get_engine
-        from ..backend.media.encode import next_free_path
-        from ..cli_generate import reference_from_file
-        from ..nodes.loader import H3ModelLoader
-        from ..nodes.lora import H3LoRA
-        from ..storyboard_job import make_film
-
-        handle = H3ModelLoader().load(**{"model": engine.get("model"), "device": "auto", "dtype": "bfloat16",
-                                         "attention": "sdpa", **(engine.get("loader") or {})})[0]
-        for lora in engine.get("loras") or ():
-            handle = H3LoRA().apply(handle, lora["name"], lora.get("strength", 1.0))[0]
-        refs = [reference_from_file(services.resolve_input_path(name, must_exist=True)) for name in references]
-        out = next_free_path(services.output_directory(), prefix, ".mp4")  # a placeholder we own, inside the folder
-        count = len(board.shots)
-        with self._lock:
-            services.clear_interrupt()
-            eng = get_engine(handle.config)
-            state = {"shot": 0}
-
-            def run(request):
-                k = state["shot"]
-                state["shot"] += 1
-                report(float(k), float(count), f"shot {k + 1}/{count}")
-                try:
-                    return eng.generate(request, should_cancel=stop.is_set, progress=lambda done, total: report(
-                        k + min(done / max(total, 1), 0.999), float(count), f"shot {k + 1}/{count}: {done}/{total}"))
-                except EngineCancelled:
-                    return None
-
-            film = make_film(board, run, out, refs, should_stop=stop.is_set)
-        report(float(count), float(count), "done")
-        if film["path"] is None:
-            return [], film
-        rel = os.path.relpath(film["path"], services.output_directory())
-        sub, name = os.path.split(rel)
-        return [OutputFile(name, sub.replace(os.sep, "/"))], film
 
     def _path(self, file: OutputFile) -> str:
         from .. import comfy_services as services
@@ -200,7 +158,8 @@ class ServerRunner:
     """A running ComfyUI with this pack: everything through its HTTP routes."""
 
     kind = "comfyui"
-    CLASSES = ("H3_ModelLoader", "H3_LoRA", "H3_Sample", "H3_Refine", "H3_Edit", "H3_Extend", "H3_LoadVideo",
+    CLASSES = ("H3_ModelLoader", "H3_LoRA", "H3_Sample", "H3_Refine", "H3_Edit", "H3_Extend", "H3_Storyboard",
+               "H3_LoadVideo",
                "H3_LoadImage", "H3_TrackMask", "H3_MaskDraw", "H3_SaveVideo", "H3_SeedVR2Loader", "H3_SeedVR2Upscale")
 
     def __init__(self, url: str, timeout_s: float = 6 * 3600):
@@ -220,18 +179,19 @@ class ServerRunner:
         from ..server_client import run_prompt
 
         total = float(len(prompt))
-        state = {"done": -1.0}
+        state = {"done": -1.0, "at": 0.0}
 
-        def on_event(kind, data):
+        def on_event(kind, data):  # progress never goes back (a node may run several bars)
             if kind == "executing" and data.get("node") is not None:
                 state["done"], node = state["done"] + 1, data["node"]
-                report(max(state["done"], 0.0), total, f"[{node}] {prompt.get(node, {}).get('class_type', '?')}")
+                state["at"] = max(state["at"], state["done"])
+                report(state["at"], total, f"[{node}] {prompt.get(node, {}).get('class_type', '?')}")
             elif kind == "execution_cached":
                 state["done"] += len(data.get("nodes") or ())
             elif kind == "progress" and data.get("max"):
                 fraction = min(float(data.get("value", 0)) / float(data["max"]), 0.999)
-                report(max(state["done"], 0.0) + fraction, total,
-                       f"[{data.get('node')}] {data.get('value')}/{data.get('max')}")
+                state["at"] = max(state["at"], max(state["done"], 0.0) + fraction)
+                report(state["at"], total, f"[{data.get('node')}] {data.get('value')}/{data.get('max')}")
 
         history = run_prompt(self.base, prompt, self.timeout_s, on_event, stop.is_set)
         report(total, total, "done")
@@ -239,10 +199,6 @@ class ServerRunner:
 
     def interrupt(self) -> None:
         """Nothing to do here: the run polls its stop event and interrupts the prompt on the server."""
-
-    def storyboard(self, *args, **kwargs):
-        raise ArgumentError("storyboard runs on the headless runner for now: start `python -m comfyui_h3 mcp` "
-                            "without --server (on the machine with the models); the other tools run on ComfyUI.")
 
     def read_input(self, name: str) -> bytes:
         """A file of the server's input folder (a workflow the caller put there)."""

@@ -201,7 +201,7 @@ async def test_a_storyboard_film_then_a_removal_on_its_second_shot(server, folde
                                                "mask_text": "the fox", **FAST})
     assert [(s["transition"], s["frames"], s["start_frame"]) for s in report["shots"]] == [
         ("cut", 124, 0), ("continue", 136, 124), ("cut", 124, 260)]
-    assert streams(file["path"])[:2] == (384, 24.0) and not report["stopped"]
+    assert streams(file["path"])[:2] == (384, 24.0) and report["frames"] == 384
     values = [p for p, _, _ in seen]
     assert values == sorted(values) and seen[-1][:2] == (3.0, 3.0)
     (edited,) = _files(edit)

@@ -62,7 +62,8 @@ class Storyboard:
         return self.total_frames / FPS
 
 
-def _load_text(text: str) -> dict:
+def read_shot_list(text: str):
+    """JSON, or YAML where PyYAML is installed, as data (RequestError when it is neither)."""
     try:
         return json.loads(text)
     except ValueError as json_error:
@@ -78,7 +79,7 @@ def _load_text(text: str) -> dict:
 
 def parse_storyboard(source) -> Storyboard:
     """A Storyboard from a shot list (dict, or JSON / YAML text); RequestError naming the first bad field."""
-    data = _load_text(source) if isinstance(source, str) else source
+    data = read_shot_list(source) if isinstance(source, str) else source
     if isinstance(data, list):
         data = {"shots": data}
     if not isinstance(data, dict) or not isinstance(data.get("shots"), list) or not data["shots"]:
