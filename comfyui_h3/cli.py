@@ -11,8 +11,8 @@ DEMO_WORKFLOWS = ("h3_text_to_video", "h3_first_last_frame", "h3_object_removal"
                   "h3_object_removal_clicks", "h3_object_removal_text", "h3_object_replacement_clicks",
                   "h3_object_replacement_text", "h3_inpainting", "h3_extension", "h3_generate_then_extend",
                   "seedvr2_upscale_video", "h3_generate_then_upscale", "h3_extend_then_upscale",
-                  "h3_video_restyle", "h3_generate_then_refine", "h3_refine_vs_upscale")
-STEPPED_NODES = ("H3_Sample", "H3_Edit", "H3_Extend", "H3_Refine")  # the demo's --steps sets theirs
+                  "h3_video_restyle", "h3_generate_then_refine", "h3_refine_vs_upscale", "h3_storyboard")
+STEPPED_NODES = ("H3_Sample", "H3_Edit", "H3_Extend", "H3_Refine", "H3_Storyboard")  # the demo's --steps sets theirs
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 
 

@@ -32,6 +32,7 @@ CARDS = (
     Card("h3_object_replacement_text", "Replace: name to track", "Name the object; SAM3 masks it, H3 swaps it."),
     Card("h3_extension", "Extension", "Continue a clip past 15 s, sound carried on."),
     Card("h3_generate_then_extend", "Generate, then extend", "A new clip, continued from its latents."),
+    Card("h3_storyboard", "Storyboard film", "Shots cut or continued, one soundtrack."),
     Card("seedvr2_upscale_video", "Upscale a video", "SeedVR2 restores and upscales it, sound kept."),
     Card("h3_generate_then_upscale", "Generate, then upscale", "A new clip with its sound, upscaled by SeedVR2."),
     Card("h3_extend_then_upscale", "Extend, then upscale", "A clip continued, then upscaled by SeedVR2."),

@@ -209,6 +209,12 @@ def picture(name: str, card: Image.Image) -> None:
         film_strip(card, [scene(t) for t in (0.0, 0.5, 1.0)], 20, 310, 70, hatch=2)
         ImageDraw.Draw(card).text((20 + 3 * 62, 150), "+ 10 s", font=font(16), fill=ACCENT)
         waveform(card, 190)
+    elif name == "h3_storyboard":
+        film_strip(card, [scene(t) for t in (0.0, 0.4, 1.0)], 20, 310, 70)
+        draw = ImageDraw.Draw(card)
+        for k, label in enumerate(("cut", "continue", "cut")):
+            draw.text((24 + k * 104, 150), label, font=font(14), fill=ACCENT)
+        waveform(card, 190)
     elif name == "seedvr2_upscale_video":
         frame = frames[middle]
         from PIL import ImageFilter

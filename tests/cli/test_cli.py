@@ -100,7 +100,7 @@ def test_run_refuses_what_comfyui_refuses_before_running(tmp_path, tiny_h3_dir, 
 
 @pytest.mark.slow
 def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
-    # 17 workflows, four of them with SeedVR2 on the CPU: ~3 min on a 2-core AVX-512 machine, but CI once took
+    # 18 workflows, four of them with SeedVR2 on the CPU: ~3 min on a 2-core AVX-512 machine, but CI once took
     # over 10 on a loaded one (bf16 convolutions without native bf16); the bound is for a hang, not for speed.
     out = cli("demo", "--steps", 2, "--out-dir", tmp_path / "demo", cwd=tmp_path, cache=tiny_h3_dir.parent,
               timeout=2400)
@@ -109,9 +109,10 @@ def test_demo_runs_the_shipped_workflows(tmp_path, tiny_h3_dir):
     # t2va, first/last frame, removal, replacement, the four Track Mask removals / replacements, inpainting (5 s
     # each); extension (5 s source + 20 s, two windows) and generate-then-extend (5 s + 10 s, one window); SeedVR2
     # x2: the 130-frame sample, a 5-s clip, and the sample extended by 5 s (8 chunks of 17 frames); the restyle of the
-    # sample (cut down to 124 frames), a refined clip, and one clip through both routes (H3 Refine, SeedVR2 x1.43)
-    assert len(paths) == 18
-    frames = [124] * 9 + [124 + 493, 124 + 255] + [130, 124, 124 + 136] + [124] * 4
+    # sample (cut down to 124 frames), a refined clip, one clip through both routes (H3 Refine, SeedVR2 x1.43), and
+    # the storyboard's film (a 5-s cut, 5 s continued in 8 chunks, a 5-s cut)
+    assert len(paths) == 19
+    frames = [124] * 9 + [124 + 493, 124 + 255] + [130, 124, 124 + 136] + [124] * 4 + [124 + 136 + 124]
     for path, count in zip(paths, frames):
         assert streams(path) == (count, 24.0, 32000, 2), path
 
