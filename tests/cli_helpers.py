@@ -20,6 +20,18 @@ def cli(*args, cwd, cache, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_shipped_4_step_workflow(name, tmp_path, cache):
+    """A shipped 4-step workflow (example_workflows/api/NAME.api.json) through `run` in float32 on the tiny models:
+    the path of the one 5-s MP4 with its sound it must make (and its 4 steps seen in the progress)."""
+    wf = os.path.join(REPO, "example_workflows", "api", f"{name}.api.json")
+    out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path, cache=cache)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4/4" in out.stderr
+    (path,) = out.stdout.split()
+    assert path.endswith(".mp4") and streams(path) == (124, 24.0, 32000, 2)
+    return path
+
+
 def streams(path):
     import av
 

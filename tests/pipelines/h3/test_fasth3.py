@@ -2,8 +2,6 @@
 fused at load, the learned VSA gates (coarse branch), the 4-step schedule, the loader / CLI options, and the tiny
 student through the whole pipeline against a float64 reference written here."""
 
-import os
-
 import pytest
 import torch
 from safetensors import safe_open
@@ -503,15 +501,9 @@ def test_cli_tiny_student_is_built_into_the_cache(tmp_path, monkeypatch):
 def test_shipped_fasth3_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
     """example_workflows/api/h3_fasth3_text_to_video.api.json through `run` (checked as ComfyUI checks a prompt):
     the tiny model with the tiny student, VSA, schedule fasth3, 4 steps -> a 5-s MP4 with its sound."""
-    from cli_helpers import REPO, cli, streams
+    from cli_helpers import run_shipped_4_step_workflow
 
-    wf = os.path.join(REPO, "example_workflows", "api", "h3_fasth3_text_to_video.api.json")
-    out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path,
-              cache=tiny_h3_dir.parent)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "4/4" in out.stderr
-    (path,) = out.stdout.split()
-    assert path.endswith(".mp4") and streams(path) == (124, 24.0, 32000, 2)
+    run_shipped_4_step_workflow("h3_fasth3_text_to_video", tmp_path, tiny_h3_dir.parent)
 
 
 def test_compiled_blocks_with_gates_equal_eager(tiny_h3_dir, student):

@@ -148,17 +148,10 @@ def test_shipped_turbo_workflow_runs_on_the_tiny_model(tmp_path, tiny_h3_dir):
     Turbo-named LoRA, schedule turbo at its 4 steps -> a 5-s MP4 with its sound and a manifest naming the LoRA and
     the turbo grid."""
     import json
-    import os
 
-    from cli_helpers import REPO, cli, streams
+    from cli_helpers import run_shipped_4_step_workflow
 
-    wf = os.path.join(REPO, "example_workflows", "api", "h3_turbo_text_to_video.api.json")
-    out = cli("run", wf, "--set", "1.dtype=\"float32\"", "--out-dir", tmp_path / "out", cwd=tmp_path,
-              cache=tiny_h3_dir.parent)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "4/4" in out.stderr
-    (path,) = out.stdout.split()
-    assert path.endswith(".mp4") and streams(path) == (124, 24.0, 32000, 2)
+    path = run_shipped_4_step_workflow("h3_turbo_text_to_video", tmp_path, tiny_h3_dir.parent)
     with open(path + ".manifest.json") as handle:
         manifest = json.load(handle)
     assert manifest["request"]["schedule"] == {"name": "turbo", "video_shift": 6.0, "audio_shift": 3.0}
