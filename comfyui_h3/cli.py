@@ -528,6 +528,7 @@ def _mcp(args) -> int:
 def _demo(args) -> int:
     from . import comfy_services as services
     from .headless_temp import TEMP_ENV
+    from .templates import workflows_dir
     from .tiny_model import ensure_tiny_model
     from .workflow_runner import apply_overrides, load_workflow
 
@@ -555,15 +556,3 @@ def _write_demo_inputs(folder: str) -> None:
     from .install_samples import install_sample_inputs
 
     install_sample_inputs(folder)
-
-
-def workflows_dir() -> Path:
-    """The shipped API-format workflows: example_workflows/api/ (example_workflows/ holds the UI-format twins, which
-    ComfyUI's template browser lists; the API ones sit a level down so it does not list them)."""
-    here = Path(__file__).resolve().parent
-    candidate = here.parent / "example_workflows" / "api"
-    if candidate.is_dir():
-        return candidate
-    import comfyui_h3.workflows as packaged  # installed wheel: package data
-
-    return Path(packaged.__path__[0]) / "api"

@@ -8,6 +8,7 @@ part of the picture."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 
@@ -49,3 +50,15 @@ def ordered(names) -> list[str]:
     """`names` in the cards' order; names without a card (a user's own workflow in the folder) after them, sorted."""
     rank = {card.name: k for k, card in enumerate(CARDS)}
     return sorted(names, key=lambda name: (rank.get(name, len(rank)), name))
+
+
+def workflows_dir() -> Path:
+    """The shipped API-format workflows: example_workflows/api/ (example_workflows/ holds the UI-format twins, which
+    ComfyUI's template browser lists; the API ones sit a level down so it does not list them)."""
+    here = Path(__file__).resolve().parent
+    candidate = here.parent / "example_workflows" / "api"
+    if candidate.is_dir():
+        return candidate
+    import comfyui_h3.workflows as packaged  # installed wheel: package data
+
+    return Path(packaged.__path__[0]) / "api"

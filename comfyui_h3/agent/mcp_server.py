@@ -161,7 +161,7 @@ class H3Tools:
     def _workflow(self, workflow: str, overrides: dict) -> dict:
         from .. import comfy_services as services
         from ..registration import NODE_CLASS_MAPPINGS
-        from ..cli import workflows_dir
+        from ..templates import workflows_dir
         from ..workflow_format import ui_to_api
         from ..workflow_runner import apply_overrides
 
@@ -195,7 +195,7 @@ class H3Tools:
         return _text(f"Stored as {stored} in the input folder.", {"name": stored, "bytes": len(data)})
 
     def _list_inputs(self) -> types.CallToolResult:
-        from ..cli import workflows_dir
+        from ..templates import workflows_dir
         from .schema import input_spec
 
         info = self.runner.node_inputs()

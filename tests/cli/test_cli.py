@@ -88,7 +88,7 @@ def test_run_shipped_workflow_with_overrides(tmp_path, tiny_h3_dir):
     (["2.steps=abc"], "steps: 'abc' is not an INT value"),
 ])
 def test_run_refuses_what_comfyui_refuses_before_running(tmp_path, tiny_h3_dir, sets, message):
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     wf = workflows_dir() / "h3_text_to_video.api.json"
     args = [item for s in sets for item in ("--set", s)]

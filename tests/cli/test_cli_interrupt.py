@@ -65,7 +65,7 @@ def test_ctrl_c_during_extend_stops_keeps_the_finished_windows_and_exits_130(tmp
 
 @pytest.mark.slow
 def test_ctrl_c_during_run_is_the_nodes_stop(tmp_path, tiny_h3_dir):
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     workflow = workflows_dir() / "h3_text_to_video.api.json"
     cmd = [sys.executable, "-m", "comfyui_h3", "run", str(workflow), "--set", "2.steps=40", "--set", '1.dtype="float32"',

@@ -41,7 +41,7 @@ def test_sample_inputs_resolve_from_the_pack_when_the_input_folder_lacks_them(tm
 
 @pytest.mark.slow
 def test_shipped_workflow_runs_from_a_fresh_folder_and_leaves_only_its_outputs(fresh_folder, tmp_path, capsys):
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     out = tmp_path / "out"
     rc = main(["run", str(workflows_dir() / "h3_object_removal.api.json"), "--out-dir", str(out), "--set",
@@ -60,7 +60,7 @@ def test_shipped_workflow_runs_from_a_fresh_folder_and_leaves_only_its_outputs(f
 def test_the_temp_folder_is_removed_when_the_workflow_fails(fresh_folder, tmp_path, monkeypatch, capsys):
     import comfyui_h3.workflow_runner as runner
     from comfyui_h3 import comfy_services as services
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     seen = []
 
@@ -83,7 +83,7 @@ def test_the_temp_folder_is_removed_when_the_workflow_fails(fresh_folder, tmp_pa
 def test_a_temp_folder_the_user_names_is_kept(fresh_folder, tmp_path, monkeypatch, capsys):
     import comfyui_h3.workflow_runner as runner
     from comfyui_h3 import comfy_services as services
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     keep = tmp_path / "keep"
     monkeypatch.setenv("COMFYUI_H3_TEMP", str(keep))

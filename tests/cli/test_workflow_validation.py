@@ -10,7 +10,7 @@ import json
 import pytest
 from comfyui_lane import COMFYUI_DIR, NO_COMFYUI
 
-from comfyui_h3.cli import workflows_dir
+from comfyui_h3.templates import workflows_dir
 from comfyui_h3.workflow_runner import apply_overrides, execute, load_workflow
 from comfyui_h3.workflow_validation import WorkflowError, validate_workflow
 

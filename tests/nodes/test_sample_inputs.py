@@ -32,7 +32,7 @@ def test_the_samples_are_real_small_files():
 
 
 def test_the_shipped_workflows_name_exactly_these_inputs():
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     named = set()
     for name in (n for n in os.listdir(workflows_dir()) if n.endswith(".api.json")):

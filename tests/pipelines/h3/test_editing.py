@@ -228,7 +228,7 @@ def test_mask_draw_to_edit_shapes_the_mask_once(pipeline, source):
 def test_shipped_edit_workflows_let_the_preset_shape_the_mask():
     """Every shipped H3 Mask Draw / H3 Track Mask -> H3 Edit leaves the mask node's grow / feather at 0 and H3 Edit's
     at the preset's (-1): the mask is shaped once, by the preset the workflow names."""
-    from comfyui_h3.cli import workflows_dir
+    from comfyui_h3.templates import workflows_dir
 
     edits = 0
     for path in sorted(workflows_dir().glob("*.api.json")):
