@@ -49,7 +49,8 @@ def test_h3_t2va_manifest_has_every_stage(h3_pipe):
     assert sum(s["denoise_steps_s"]) <= s["denoise_s"] + 1e-6  # the steps are inside the denoise stage
     assert s["total_s"] >= s["text_encode_s"] + s["denoise_s"] + s["decode_s"] - 1e-6
     assert m["request"] == {"kind": "t2va", "family": "h3", "task": "t2va", "seed": 9, "steps": STEPS,
-                            "shapes": m["request"]["shapes"]}
+                            "shapes": m["request"]["shapes"],
+                            "schedule": {"name": "default", "video_shift": 12.0, "audio_shift": 3.0}}
     assert m["request"]["shapes"]["frames"] == list(result.frames.shape[:3])
     assert m["peak_memory"] == [m["peak_memory"][0]] and m["peak_memory"][0]["rank"] == 0
     assert m["peak_memory"][0]["peak_device_bytes"] is None  # CPU: no device counter
