@@ -222,3 +222,30 @@ def test_the_readme_agent_example_runs_on_the_tiny_models(folders, tiny_h3_dir):
     for ref in result.values():
         name = ref.removesuffix(" [output]")
         assert (folders / "output" / name).is_file(), ref
+
+
+async def test_over_streamable_http_on_loopback(folders):
+    """`python -m comfyui_h3 mcp --http PORT`: the SDK's HTTP client lists the tools and gets a call's answer."""
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "comfyui_h3", "mcp", "--http", str(port)], cwd=folders, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(1200):  # the server's start (imports torch) on a busy machine: up to 2 min
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            await anyio.sleep(0.1)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            listed = await client.call_tool("list_inputs", {})
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert {"generate", "storyboard"} <= names and not listed.is_error
