@@ -27,6 +27,14 @@ def test_the_plan_counts_frames_and_seeds():
     assert parse_storyboard([{"prompt": "x", "seconds": 6.1}]).shots[0].frames == 158  # 17n + 5 upward
 
 
+def test_a_yaml_shot_list_reads_as_its_json():
+    pytest.importorskip("yaml", reason="YAML shot lists need PyYAML (transformers brings it)")
+    text = "seed: 3\nshots:\n  - prompt: a boat\n    seconds: 5\n  - prompt: it sails on\n    seconds: 2\n" \
+           "    transition: continue\n"
+    board = parse_storyboard(text)
+    assert [(s.transition, s.frames, s.seed) for s in board.shots] == [("cut", 124, 3), ("continue", 51, 4)]
+
+
 @pytest.mark.parametrize("shots,reason", [
     ([{"prompt": "x", "seconds": 5, "transition": "continue"}], "shot 1 cannot continue"),
     ([{"prompt": "x", "seconds": 3}], "shot 1: a cut is a new clip of 5 to 15 s"),
