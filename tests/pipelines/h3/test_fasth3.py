@@ -448,7 +448,7 @@ def test_sample_node_schedule_widget_reaches_the_request(monkeypatch):
 
     optional = sample.H3Sample.INPUT_TYPES()["optional"]
     names = list(optional)
-    assert optional["schedule"][0] == ["default", "fasth3"]
+    assert optional["schedule"][0] == ["default", "fasth3", "turbo"]
     # after it only the inputs appended later (the native LATENT where ComfyUI has one, the strength start, the cache)
     assert [n for n in names[names.index("schedule") + 1:] if n != "native_latent"] == [
         "source_latents", "source_video", "denoise", "source_audio", "step_cache"]

@@ -320,7 +320,7 @@ def test_cli_lora_flags_reach_the_engine_config(monkeypatch, tmp_path, shapes):
 
     factors, alphas, diffs = lora_parts(shapes, seed=9)
     path = write_lora(tmp_path / "a.safetensors", factors, "peft", shapes, peft_alphas(factors), diffs)
-    monkeypatch.setattr("comfyui_h3.tiny_model.ensure_tiny_lora", lambda: tmp_path / "tiny.safetensors")
+    monkeypatch.setattr("comfyui_h3.tiny_model.ensure_tiny_lora", lambda turbo=False: tmp_path / "tiny.safetensors")
     args = _parser().parse_args(["generate", "--model", "tiny", "--prompt", "x", "--lora", f"{path}:0.3",
                                  "--lora", "tiny"])
     assert cli_generate.lora_choices(args) == [(str(path), 0.3), (str(tmp_path / "tiny.safetensors"), 1.0)]
