@@ -37,6 +37,15 @@ def keep_partial(path: str, directory: str, prefix: str) -> str:
     return target
 
 
+def keep_in_output(path: str, prefix: str) -> str:
+    """A stopped node's finished part moved to `<prefix>_NNNNN.mp4` in ComfyUI's output folder: its path there,
+    relative (for the Stop message)."""
+    from . import comfy_services as services
+
+    kept = keep_partial(path, services.output_directory(), prefix)
+    return os.path.relpath(kept, services.output_directory())
+
+
 def partial_prefix_for(path: str) -> tuple[str, str]:
     """(directory, prefix) naming the partial file beside `path`: `clip.mp4` -> `clip_partial_00001.mp4`."""
     folder, name = os.path.split(os.path.abspath(path))

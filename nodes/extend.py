@@ -17,7 +17,7 @@ from ..backend.pipelines.h3.extension_plan import (CLIP, KEEP, LONGEST_WINDOW, M
                                                    check_window_settings, frames_to_add)
 from ..backend.pipelines.h3.geometry import FPS, RequestError
 from ..backend.pipelines.h3.request import H3ExtendRequest
-from ..extend_job import keep_partial, split_prompts, window_status
+from ..extend_job import keep_in_output, split_prompts, window_status
 from ..types import H3Latents
 from ..video_file import H3FileVideo
 from . import native_latent_io as native_io
@@ -152,8 +152,8 @@ def _keep_what_finished(exc) -> str:
     path = extra.get("path")
     if not extra.get("windows_done") or not path or not os.path.isfile(path):
         return "Stopped by the user before the first window finished; nothing was kept."
-    kept = keep_partial(path, services.output_directory(), PARTIAL_PREFIX)
+    kept = keep_in_output(path, PARTIAL_PREFIX)
     message = (f"Stopped by the user after {extra['windows_done']} of {extra['windows']} windows; the finished part "
-               f"({extra.get('seconds', 0):.2f} s) is saved as {os.path.relpath(kept, services.output_directory())}.")
+               f"({extra.get('seconds', 0):.2f} s) is saved as {kept}.")
     services.log.warning(message)
     return message

@@ -16,7 +16,7 @@ from .. import comfy_services as services
 from ..backend.media.encode import as_fraction, next_free_path, release_placeholder
 from ..backend.pipelines.seedvr2 import options
 from ..backend.pipelines.seedvr2.request import UpscaleRequest
-from ..extend_job import keep_partial
+from ..extend_job import keep_in_output
 from ..video_file import H3FileVideo
 from ..video_types import H3Video
 from .sample import run_engine, run_summary, with_manifest
@@ -167,8 +167,8 @@ def _keep_what_finished(exc, path: str | None) -> str:
     done, total = extra.get("batches_done", 0), extra.get("batches", 0)
     if not extra.get("frames_done") or not path or not os.path.isfile(path) or os.path.getsize(path) == 0:
         return "Stopped by the user before the first frames were final; nothing was kept."
-    kept = keep_partial(path, services.output_directory(), PARTIAL_PREFIX)
+    kept = keep_in_output(path, PARTIAL_PREFIX)
     message = (f"Stopped by the user after {done} of {total} batches; the {extra['frames_done']} finished frames are "
-               f"saved as {os.path.relpath(kept, services.output_directory())}.")
+               f"saved as {kept}.")
     services.log.warning(message)
     return message

@@ -12,7 +12,7 @@ from .. import comfy_services as services
 from ..backend.media.encode import next_free_path, release_placeholder
 from ..backend.pipelines.h3.geometry import RequestError
 from ..backend.pipelines.h3.storyboard import parse_storyboard, read_shot_list
-from ..extend_job import keep_partial
+from ..extend_job import keep_in_output
 from ..storyboard_job import make_film
 from ..video_file import H3FileVideo
 from .adapters import build_references
@@ -114,8 +114,8 @@ def _kept(report: dict) -> str:
     path = report.get("path")
     if not report["shots"] or not path or not os.path.isfile(path):
         return "Stopped by the user before the first shot finished; nothing was kept."
-    kept = keep_partial(path, services.output_directory(), PARTIAL_PREFIX)
+    kept = keep_in_output(path, PARTIAL_PREFIX)
     message = (f"Stopped by the user after {len(report['shots'])} of {report['planned_shots']} shots; the finished "
-               f"shots ({report['seconds']:.2f} s) are saved as {os.path.relpath(kept, services.output_directory())}.")
+               f"shots ({report['seconds']:.2f} s) are saved as {kept}.")
     services.log.warning(message)
     return message

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from ._comfy import _comfy
 from .interrupt import _is_comfy_interrupt
@@ -16,7 +16,7 @@ _listeners: list = []  # headless: callables (desc, value, total) told of every 
 _listeners_lock = threading.Lock()
 
 
-def add_progress_listener(listener) -> "callable":
+def add_progress_listener(listener: Callable[[str, int, int], None]) -> Callable[[], None]:
     """Headless runs: `listener(desc, value, total)` on every reporter update, from whichever thread updates;
     returns the function that removes it."""
     with _listeners_lock:
