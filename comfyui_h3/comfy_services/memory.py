@@ -8,6 +8,7 @@ import threading
 from typing import Callable
 
 from ._comfy import _comfy
+from .queue_flags import install_flag_redelivery
 
 log = logging.getLogger("comfyui_h3")
 
@@ -74,7 +75,8 @@ def free_comfy_device_memory(device) -> bool:
 # wrapper that another pack put around ours (functools.wraps) is seen through `__wrapped__`; a thread-local guard runs
 # the callbacks once per outermost call even if some code wrapped us without `__wrapped__`. Callback errors are logged,
 # never raised: an exception there would kill ComfyUI's prompt worker thread. `ensure_free_memory_hook()` re-installs
-# the wrapper if something restored the original (core's hook_breaker restores only `cast_to` in v0.8.0).
+# the wrapper if something restored the original (core's hook_breaker restores only `cast_to` in v0.8.0). The queue's
+# set_flag is wrapped too, so that a /free arriving while the prompt worker is between loops is not slept through.
 
 _HOOK_MARK = "_comfyui_h3_free_memory_hook"
 _STATE_ATTR = "_comfyui_h3_free_memory_state"
@@ -118,6 +120,9 @@ def _run_free_memory_callbacks(state: dict) -> None:
 
 
 def _install_free_memory_hook(mm) -> bool:
+    execution = _comfy("execution")  # core's prompt queue: its /free wake-up can be lost (queue_flags.py)
+    if execution is not None and hasattr(execution, "PromptQueue"):
+        install_flag_redelivery(execution.PromptQueue)
     state = _hook_state(mm)
     with state["lock"]:
         with _headless_hook_state["lock"]:  # callbacks registered before ComfyUI's modules were seen

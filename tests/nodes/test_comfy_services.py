@@ -437,6 +437,83 @@ def test_unload_hook_survives_foreign_wrappers(comfy):
     assert calls == [1, 1, 1]
 
 
+class CorePromptQueue:
+    """The flag half of core's execution.PromptQueue (v0.8.0 and v0.33.0), same locks and wake-ups."""
+
+    def __init__(self):
+        self.mutex = threading.RLock()
+        self.not_empty = threading.Condition(self.mutex)
+        self.queue, self.flags = [], {}
+
+    def get(self, timeout=None):
+        with self.not_empty:
+            while len(self.queue) == 0:
+                self.not_empty.wait(timeout=timeout)
+                if timeout is not None and len(self.queue) == 0:
+                    return None
+            return self.queue.pop(0)
+
+    def set_flag(self, name, data):
+        with self.mutex:
+            self.flags[name] = data
+            self.not_empty.notify()
+
+    def get_flags(self, reset=True):
+        with self.mutex:
+            ret, self.flags = self.flags, {}
+            return ret
+
+
+def _unload_seen_after_a_flag_set_mid_gc(queue_class, within_s: float) -> bool:
+    """main.py's prompt worker loop, with POST /free's flag set while it is in its gc step (between get_flags() and
+    the next wait): True when the worker reads the flag within `within_s`."""
+    q = queue_class()
+    in_gc, end_gc, unloaded, stop = (threading.Event() for _ in range(4))
+
+    def prompt_worker():
+        first = True
+        while not stop.is_set():
+            q.get(timeout=60.0)
+            if q.get_flags().get("unload_models"):
+                unloaded.set()
+                return
+            if first:  # gc.collect(), soft_empty_cache() ...
+                first = False
+                in_gc.set()
+                end_gc.wait(10)
+
+    thread = threading.Thread(target=prompt_worker, daemon=True)
+    thread.start()
+    with q.mutex:
+        q.not_empty.notify()  # an empty get() returns: the worker goes into its gc step
+    assert in_gc.wait(10)
+    q.set_flag("unload_models", True)  # POST /free, while no one waits on the queue
+    end_gc.set()
+    seen = unloaded.wait(within_s)
+    stop.set()
+    with q.mutex:
+        q.flags["unload_models"] = True
+        q.not_empty.notify()  # let a worker that slept through it finish
+    thread.join(10)
+    return seen
+
+
+def test_a_free_set_while_the_prompt_worker_is_between_loops_is_not_slept_through(comfy, monkeypatch):
+    fake, svc = comfy
+    assert not _unload_seen_after_a_flag_set_mid_gc(CorePromptQueue, within_s=1.0)  # core alone loses the wake-up
+
+    class PatchedQueue(CorePromptQueue):
+        pass
+
+    execution = types.ModuleType("execution")
+    execution.PromptQueue = PatchedQueue
+    monkeypatch.setitem(sys.modules, "execution", execution)
+    assert svc.ensure_free_memory_hook() is True
+    wrapped = PatchedQueue.set_flag
+    assert svc.ensure_free_memory_hook() is True and PatchedQueue.set_flag is wrapped  # wrapped once
+    assert _unload_seen_after_a_flag_set_mid_gc(PatchedQueue, within_s=20.0)  # re-notified: read in ~0.25 s
+
+
 def test_headless_registration_moves_to_comfy(headless, monkeypatch, tmp_path):
     calls = []
     headless.register_free_memory_hook(lambda: calls.append(1))
