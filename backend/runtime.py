@@ -62,8 +62,10 @@ class Runtime:
              weights: WeightPolicy | None = None, cpu_threads: int = 0) -> "Runtime":
         weights = weights or WeightPolicy()
         weights.validate()
-        return cls(torch.device(device), parallel, get_backend(attention), getattr(torch, compute_dtype), weights,
-                   cpu_threads)
+        backend = get_backend(attention)
+        if backend.check_device is not None:
+            backend.check_device(torch.device(device))
+        return cls(torch.device(device), parallel, backend, getattr(torch, compute_dtype), weights, cpu_threads)
 
     @property
     def is_cuda(self) -> bool:

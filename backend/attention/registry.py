@@ -32,6 +32,8 @@ class AttentionBackend:
     # by `settings.parse(text)` / `.spec()`; None: a backend without settings
     configure: Callable[[Any], "AttentionBackend"] | None = None  # settings -> the backend configured with them
     gated: bool = False  # fn takes (q, k, v, plan, gate): learned VSA gates (FastH3)
+    check_device: Callable[[Any], None] | None = None  # torch.device -> None, or ValueError: the backend cannot run
+    # there (called where a rank's runtime is made, before any weight loads)
 
     def __call__(self, q, k, v, plan=None, gate=None):
         if gate is None:
@@ -46,7 +48,7 @@ class AttentionBackend:
 
 
 _BACKENDS: dict[str, AttentionBackend] = {}
-_BUILTIN_MODULES = (".dispatch", ".vsa")  # modules whose import registers the shipped backends
+_BUILTIN_MODULES = (".dispatch", ".vsa", ".sage")  # modules whose import registers the shipped backends
 
 
 def register(backend: AttentionBackend) -> AttentionBackend:

@@ -1,0 +1,198 @@
+"""SAGE quantised attention (backend/attention/sage_rule.py, sage_kernel.py, sage.py): the quantisers, the rule's
+float64 reference against independent computations, the backend on the CPU and its refusal on GPUs without FP8,
+and (on a GPU with FP8 tensor cores) the Triton kernel against the reference."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from comfyui_h3.backend.attention import sage, sage_kernel
+from comfyui_h3.backend.attention import sage_rule as rule
+from comfyui_h3.backend.attention.registry import AttentionSpec, available, get_backend
+
+
+def exact(q, k, v):
+    """softmax(QK^T/sqrt(d))V in float64, [B, S, H, D]."""
+    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+    probs = torch.softmax(qd @ kd.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+    return (probs @ vd).transpose(1, 2)
+
+
+def rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def qkv(s, h=2, d=64, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(1, s, h, d, generator=g).to(dtype) for _ in range(3))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# quantisers
+
+
+@pytest.mark.parametrize("s", [64, 100, 256])  # a multiple of the block (no padding) and ragged
+def test_int8_blocks_scale_round_and_pad(s):
+    x = torch.randn(2, s, 3, 32) * torch.linspace(0.1, 5, s)[None, :, None, None]
+    x[:, :16, 1] = 0  # an all-zero head block ...
+    x8, scale = rule.quantize_int8_blocks(x, 64)
+    n = math.ceil(s / 64)
+    assert x8.dtype == torch.int8 and x8.shape == (2, 3, n * 64, 32) and x8.is_contiguous()
+    assert scale.shape == (2, 3, n) and x8.abs().max() <= 127
+    assert torch.all(x8[:, :, s:] == 0)  # the padding is zeros
+    blocks = torch.nn.functional.pad(x.transpose(1, 2), (0, 0, 0, n * 64 - s)).reshape(2, 3, n, 64, 32)
+    want = blocks.abs().amax((-1, -2)) / 127
+    assert torch.allclose(scale, torch.where(want > 0, want, torch.ones_like(want)))
+    back = x8.view(2, 3, n, 64, 32).float() * scale[..., None, None]
+    assert torch.all((back - blocks).abs() <= scale[..., None, None] / 2 * (1 + 1e-6))  # round to nearest
+
+
+def test_v_fp8_per_channel():
+    v = torch.randn(1, 90, 2, 16) * torch.logspace(-2, 2, 16)  # channels of very different ranges
+    v8, scale = rule.quantize_v_fp8(v, 64)
+    assert v8.dtype == rule.FP8 and v8.shape == (1, 2, 16, 128) and v8.is_contiguous()
+    assert torch.allclose(scale, v.abs().amax(1) / 448)
+    back = v8.float()[..., :90] * scale[..., None]  # [B, H, D, S]
+    want = v.permute(0, 2, 3, 1)
+    assert torch.all(v8.float()[..., 90:] == 0)
+    # e4m3: 3 mantissa bits, so a normal value rounds within 2^-4 of itself; tiny ones within the subnormal step
+    assert torch.all((back - want).abs() <= want.abs() * 2 ** -4 + scale[..., None] * 2 ** -10)
+
+
+def test_k_smoothing_leaves_the_softmax_and_makes_int8_accurate():
+    q, k, v = qkv(300, seed=1)
+    shifted = k + 20.0 * torch.randn(1, 1, 2, 64)  # a large mean over the sequence per channel
+    assert rel(exact(q, shifted, v), exact(q, k, v)) < 1e-5  # the premise: a per-row constant (float32 k + shift)
+    err_smooth = rel(rule.reference(q, shifted, v), exact(q, shifted, v))
+    ops = rule.quantize(q, shifted, v)
+    k8, k_scale = rule.quantize_int8_blocks(shifted, rule.BLOCK_N)  # the same rule without the smoothing
+    unsmoothed = rule.SageOperands(ops.q8, ops.q_scale, k8, k_scale, ops.v8, ops.v_scale, ops.seq)
+    err_plain = rel(rule.attend_quantized(unsmoothed), exact(q, shifted, v))
+    assert err_smooth < 0.06 and err_plain > 3 * err_smooth, (err_smooth, err_plain)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the rule
+
+
+@pytest.mark.parametrize("s", [1, 63, 128, 321])
+def test_reference_is_close_to_exact_attention(s):
+    q, k, v = qkv(s, seed=s)
+    assert rel(rule.reference(q, k, v), exact(q, k, v)) < 0.06
+
+
+def test_online_reference_equals_the_global_formula_when_the_first_tile_holds_every_row_max():
+    # Every query row's largest score is in key tile 0, so the running max never moves after it and the online
+    # rule collapses to: out = sum_j e4m3(exp(S_j - m) * 448) . v8_j * s_v / (448 * sum exp(S - m)).
+    g = torch.Generator().manual_seed(3)
+    u = torch.randn(64, generator=g)
+    q = (u + 0.1 * torch.randn(1, 200, 1, 64, generator=g))
+    k = 0.3 * torch.randn(1, 200, 1, 64, generator=g)
+    k[:, :rule.BLOCK_N] += u  # tile 0 aligned with every query
+    v = torch.randn(1, 200, 1, 64, generator=g)
+    ops = rule.quantize(q, k, v)
+    got = rule.attend_quantized(ops)[0, :, 0]
+    qd = ops.q8[0, 0, :200].double() * ops.q_scale[0, 0].double().repeat_interleave(rule.BLOCK_M)[:200, None]
+    kd = ops.k8[0, 0, :200].double() * ops.k_scale[0, 0].double().repeat_interleave(rule.BLOCK_N)[:200, None]
+    scores = qd @ kd.T * 64 ** -0.5
+    m = scores.amax(-1, keepdim=True)
+    assert torch.equal(m, scores[:, :rule.BLOCK_N].amax(-1, keepdim=True))  # the premise holds
+    p = torch.exp(scores - m)
+    p8 = (p * 448).to(rule.FP8).double()
+    want = p8 @ ops.v8[0, 0, :, :200].double().T * ops.v_scale[0, 0].double() / (448 * p.sum(-1, keepdim=True))
+    assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_query_blocks_are_independent():
+    q, k, v = qkv(400, seed=5)
+    ops = rule.quantize(q, k, v)
+    full = rule.attend_quantized(ops)
+    part = rule.attend_quantized(ops, query_blocks=slice(1, 4))
+    assert torch.equal(part, full[:, 128:400])
+
+
+def test_skip_softmax_leaves_out_only_the_negligible_tiles():
+    # Key tile 0 aligned with every query (scores ~8), tiles 1-3 noise (scores ~0): exp(-8) < 0.01 everywhere.
+    g = torch.Generator().manual_seed(7)
+    u = torch.randn(64, generator=g)
+    q = u + 0.1 * torch.randn(1, 256, 1, 64, generator=g)
+    k = 0.3 * torch.randn(1, 256, 1, 64, generator=g)
+    k[:, :64] += u
+    v = torch.randn(1, 256, 1, 64, generator=g)
+    full = rule.reference(q, k, v)
+    assert torch.equal(rule.reference(q, k, v, rule.SageSettings(0.0)), full)
+    skipped = rule.reference(q, k, v, rule.SageSettings(0.01))
+    assert not torch.equal(skipped, full) and rel(skipped, full) < 1e-2
+    ops = rule.quantize(q, k, v)  # the same operands, cut to key tile 0: what skipping tiles 1-3 must give
+    tile0 = rule.SageOperands(ops.q8, ops.q_scale, ops.k8[:, :, :64], ops.k_scale[:, :, :1], ops.v8[..., :64],
+                              ops.v_scale, 64)
+    assert torch.equal(skipped[:, :64], rule.attend_quantized(tile0))
+
+
+def test_settings_text_and_errors():
+    assert rule.SageSettings.parse("skip=0.001") == rule.SageSettings(0.001)
+    assert str(AttentionSpec.parse("sage:skip=0.001")) == "sage:skip=0.001"
+    assert AttentionSpec.parse("sage:skip=0") == AttentionSpec("sage")  # the defaults are one engine
+    for bad in ("skip=1", "skip=-0.1", "skip=nan"):
+        with pytest.raises(ValueError, match="skip must be a number in"):
+            rule.SageSettings.parse(bad)
+    with pytest.raises(ValueError, match="is not skip=<number>"):
+        rule.SageSettings.parse("topk=3")
+    assert "sage" in available() and get_backend("sage:skip=0.01").name == "sage:skip=0.01"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the backend
+
+
+def test_backend_on_the_cpu_runs_the_rule_in_float32():
+    q, k, v = qkv(150, seed=9, dtype=torch.bfloat16)
+    got = get_backend("sage")(q, k, v)
+    assert got.dtype == torch.bfloat16 and got.shape == q.shape and got.is_contiguous()
+    want = rule.reference(q, k, v)
+    assert rel(got, want) < 1e-2  # float32 arithmetic and a bf16 output around the same rule
+    assert rel(get_backend("sage:skip=0.001")(q, k, v), want) < 0.05
+
+
+def test_gpus_without_fp8_are_refused_at_runtime_creation(monkeypatch):
+    from comfyui_h3.backend.parallel.context import ParallelContext
+    from comfyui_h3.backend.runtime import Runtime
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"FP8 tensor cores .*A100-SXM4-80GB \(compute capability 8\.0\)"):
+        Runtime.make("cuda:0", ParallelContext(), "sage", "bfloat16")
+    sage.check_device(torch.device("cpu"))  # the CPU runs the torch rule
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    sage.check_device(torch.device("cuda", 0))  # Hopper passes
+    assert Runtime.make("cpu", ParallelContext(), "sage", "float32").attention.name == "sage"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# the kernel (GPU)
+
+needs_fp8_gpu = pytest.mark.skipif(
+    not (torch.cuda.is_available() and sage_kernel.triton is not None
+         and sage_kernel.fp8_capable(torch.device("cuda"))[0]),
+    reason="needs a CUDA GPU with FP8 tensor cores (compute capability 8.9+) and Triton; the CPU tests above check "
+           "the rule and the quantisers the kernel reads")
+
+
+@needs_fp8_gpu
+@pytest.mark.parametrize("s", [64, 1000, 4096, 4133])  # whole tiles, ragged tails
+@pytest.mark.parametrize("skip", [0.0, 0.01])
+def test_kernel_equals_the_float64_rule(s, skip):
+    g = torch.Generator(device="cuda").manual_seed(s)
+    q, k, v = (torch.randn(1, s, 8, 128, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+    k = k + 4  # a large K mean: the smoothing's case
+    settings = rule.SageSettings(skip)
+    ops = rule.quantize(q, k, v)
+    want = rule.attend_quantized(ops, settings)
+    got = sage_kernel.attend_operands(ops, settings, torch.empty(q.shape, dtype=torch.float32, device="cuda"))
+    assert rel(got, want) < 2e-3  # fp32 arithmetic vs float64: a P value now and then rounds to the other e4m3
+    out = get_backend("sage" if skip == 0 else f"sage:skip={skip}")(q, k, v)
+    assert out.dtype == torch.bfloat16 and rel(out, want) < 5e-3
+    assert rel(out, exact(q, k, v)) < 0.06
