@@ -66,8 +66,8 @@ def _dense(kernel):
 
 register(AttentionBackend("sdpa", _dense(_sdpa_cudnn_first),
                           "torch SDPA, cuDNN attention first on CUDA (fastest dense kernel on the H200)"))
-register(AttentionBackend("sdpa_default", _dense(_sdpa), "torch SDPA with torch's own kernel choice"))
 register(AttentionBackend("math", _dense(_math_reference), "float32 softmax(QK^T)V reference (slow; for checks)"))
+register(AttentionBackend("sdpa_default", _dense(_sdpa), "torch SDPA with torch's own kernel choice"))
 
 
 def get_attention(name: str = "sdpa") -> AttentionBackend:

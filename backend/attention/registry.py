@@ -115,9 +115,10 @@ def get_backend(spec: "AttentionSpec | str") -> AttentionBackend:
 
 
 def available() -> list[str]:
-    """Registered names, the default ("sdpa") first."""
+    """Registered names in registration order (the default, "sdpa", first): a newer backend is appended to the
+    loaders' lists, so the choices saved workflows know keep their places."""
     _load_builtins()
-    return sorted(_BACKENDS, key=lambda n: (n != "sdpa", n))
+    return sorted(_BACKENDS, key=lambda n: n != "sdpa")  # stable: registration order after sdpa
 
 
 def dense_names() -> list[str]:

@@ -32,6 +32,8 @@ EXTENDED = {
     ("H3_Sample", "schedule"),  # + turbo (the engine's Turbo LoRA grid)
     ("H3_Refine", "schedule"),
     ("H3_LoRA", "lora_name"),  # + the tiny Turbo-named test LoRA, before the folder's files
+    ("H3_ModelLoader", "attention"),  # + sage (quantised attention)
+    ("H3_SeedVR2Loader", "attention"),
 }
 
 
