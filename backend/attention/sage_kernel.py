@@ -9,7 +9,8 @@ import math
 
 import torch
 
-from .sage_rule import FP8_MAX, SageOperands, SageSettings, quantize
+from .sage_quant_kernel import fp8_channels, int8_blocks
+from .sage_rule import BLOCK_M, BLOCK_N, FP8_MAX, SageOperands, SageSettings
 
 try:  # Triton is optional: the CPU path runs the rule in torch (sage_rule.attend_quantized)
     import triton
@@ -108,8 +109,21 @@ def attend_operands(ops: SageOperands, settings: SageSettings, out: torch.Tensor
     return out
 
 
+def quantize_on_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M,
+                    block_n: int = BLOCK_N) -> SageOperands:
+    """sage_rule.quantize, bit for bit, with one Triton pass per tensor (sage_quant_kernel.py)."""
+    mean = k.mean(dim=1, dtype=torch.float32)  # [B, H, D]: the same call as the torch rule's
+    q8, q_scale = int8_blocks(q, block_m)
+    k8, k_scale = int8_blocks(k, block_n, mean)
+    low, high = torch.aminmax(v, dim=1)
+    v_scale = torch.maximum(high.float(), -low.float()) / FP8_MAX
+    v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
+    v8 = fp8_channels(v, block_n, v_scale)
+    return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n)
+
+
 def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: SageSettings = SageSettings()
                    ) -> torch.Tensor:
     """q, k, v [B, S, H, D] on an FP8-capable GPU -> [B, S, H, D] contiguous in q's dtype (the rule, quantised here)."""
-    ops = quantize(q, k, v)
+    ops = quantize_on_gpu(q, k, v)
     return attend_operands(ops, settings, torch.empty(q.shape, dtype=q.dtype, device=q.device))

@@ -101,7 +101,7 @@ def quantize_v_fp8(v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N
              ) -> SageOperands:
     """The rule's operands from q, k, v [B, S, H, D] (module docstring): K smoothed, then the three quantised."""
-    k_smooth = k.float() - k.float().mean(dim=1, keepdim=True)
+    k_smooth = k.float() - k.mean(dim=1, dtype=torch.float32, keepdim=True)  # (sage_kernel.quantize_on_gpu: the same)
     q8, q_scale = quantize_int8_blocks(q, block_m)
     k8, k_scale = quantize_int8_blocks(k_smooth, block_n)
     v8, v_scale = quantize_v_fp8(v, block_n)

@@ -36,7 +36,8 @@ def qkv(s, h=2, d=64, seed=0, dtype=torch.float32):
 
 @pytest.mark.parametrize("s", [64, 100, 256])  # a multiple of the block (no padding) and ragged
 def test_int8_blocks_scale_round_and_pad(s):
-    x = torch.randn(2, s, 3, 32) * torch.linspace(0.1, 5, s)[None, :, None, None]
+    x = torch.randn(2, s, 3, 32, generator=torch.Generator().manual_seed(s))
+    x = x * torch.linspace(0.1, 5, s)[None, :, None, None]
     x[:, :16, 1] = 0  # an all-zero head block ...
     x8, scale = rule.quantize_int8_blocks(x, 64)
     n = math.ceil(s / 64)
@@ -51,7 +52,7 @@ def test_int8_blocks_scale_round_and_pad(s):
 
 
 def test_v_fp8_per_channel():
-    v = torch.randn(1, 90, 2, 16) * torch.logspace(-2, 2, 16)  # channels of very different ranges
+    v = torch.randn(1, 90, 2, 16, generator=torch.Generator().manual_seed(2)) * torch.logspace(-2, 2, 16)  # ranges
     v8, scale = rule.quantize_v_fp8(v, 64)
     assert v8.dtype == rule.FP8 and v8.shape == (1, 2, 16, 128) and v8.is_contiguous()
     assert torch.allclose(scale, v.abs().amax(1) / 448)
@@ -64,14 +65,14 @@ def test_v_fp8_per_channel():
 
 def test_k_smoothing_leaves_the_softmax_and_makes_int8_accurate():
     q, k, v = qkv(300, seed=1)
-    shifted = k + 20.0 * torch.randn(1, 1, 2, 64)  # a large mean over the sequence per channel
+    shifted = k + 20.0 * torch.randn(1, 1, 2, 64, generator=torch.Generator().manual_seed(2))  # a large mean
     assert rel(exact(q, shifted, v), exact(q, k, v)) < 1e-5  # the premise: a per-row constant (float32 k + shift)
     err_smooth = rel(rule.reference(q, shifted, v), exact(q, shifted, v))
     ops = rule.quantize(q, shifted, v)
     k8, k_scale = rule.quantize_int8_blocks(shifted, rule.BLOCK_N)  # the same rule without the smoothing
     unsmoothed = rule.SageOperands(ops.q8, ops.q_scale, k8, k_scale, ops.v8, ops.v_scale, ops.seq)
     err_plain = rel(rule.attend_quantized(unsmoothed), exact(q, shifted, v))
-    assert err_smooth < 0.06 and err_plain > 3 * err_smooth, (err_smooth, err_plain)
+    assert err_smooth < 0.06 and err_plain > 2 * err_smooth, (err_smooth, err_plain)  # 3.1-3.8x over 8 seeds
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -213,3 +214,18 @@ def test_the_tiny_model_runs_with_sage_near_the_exact_path(tiny_h3_dir):
     for name in ("video_latents", "audio_latents"):
         err = rel(getattr(got, name), getattr(want, name))
         assert 0 < err < 1e-2, (name, err)
+
+
+@needs_fp8_gpu
+@pytest.mark.parametrize("s", [64, 4133])
+def test_the_triton_quantisers_equal_the_torch_rule_bitwise(s):
+    g = torch.Generator(device="cuda").manual_seed(s)
+    fused = torch.randn(1, s, 3, 8, 128, device="cuda", generator=g).to(torch.bfloat16)
+    q, k, v = fused.unbind(2)  # strided views, as the DiT's fused qkv gives
+    k = k + 3
+    want, got = rule.quantize(q, k, v), sage_kernel.quantize_on_gpu(q, k, v)
+    for name in ("q8", "q_scale", "k8", "k_scale", "v8", "v_scale"):
+        a, b = getattr(want, name), getattr(got, name)
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype == rule.FP8
+                                                                         else a, b.view(torch.uint8)
+                                                                         if b.dtype == rule.FP8 else b), name
