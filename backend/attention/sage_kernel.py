@@ -10,7 +10,7 @@ import math
 import torch
 
 from .sage_quant_kernel import fp8_channels, int8_blocks
-from .sage_rule import BLOCK_M, BLOCK_N, FP8_MAX, SageOperands, SageSettings
+from .sage_rule import BLOCK_M, BLOCK_N, FP8_MAX, SageOperands, SageSettings, quantize
 
 try:  # Triton is optional: the CPU path runs the rule in torch (sage_rule.attend_quantized)
     import triton
@@ -22,6 +22,10 @@ LOG2E = 1.4426950408889634
 # Launch settings (bench/sage_attention.py sweeps them): 8 warps = two warpgroups over the 128 query rows.
 KERNEL_CONFIG = {"num_warps": 8, "num_stages": 3}
 MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: FP8 e4m3 MMA
+# The Triton quantisers (quantize_on_gpu) equal the torch ones bit for bit in Triton's interpreter but have not run on
+# a GPU yet (test_sage.py::test_the_triton_quantisers_equal_the_torch_rule_bitwise): the torch passes stay the
+# default until that test has passed there.
+TRITON_QUANTISERS = False
 
 
 def fp8_capable(device: torch.device) -> tuple[bool, str]:
@@ -125,5 +129,5 @@ def quantize_on_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: 
 def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: SageSettings = SageSettings()
                    ) -> torch.Tensor:
     """q, k, v [B, S, H, D] on an FP8-capable GPU -> [B, S, H, D] contiguous in q's dtype (the rule, quantised here)."""
-    ops = quantize_on_gpu(q, k, v)
+    ops = quantize_on_gpu(q, k, v) if TRITON_QUANTISERS else quantize(q, k, v)
     return attend_operands(ops, settings, torch.empty(q.shape, dtype=q.dtype, device=q.device))
