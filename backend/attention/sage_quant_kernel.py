@@ -18,17 +18,21 @@ _ROUND = 12582912.0  # 1.5 * 2^23: (x + c) - c rounds a float32 |x| < 2^22 to th
 
 if triton is not None:
     @triton.jit
-    def _int8_blocks(X, MEAN, OUT, SCALE, stride_b, stride_s, stride_h, H, seq, n_blocks,
-                     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr):
+    def _program_rows(X, stride_b, stride_s, stride_h, H, seq, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+        # This program's block of BLOCK rows of one (batch, head) of X [B, S, H, D], fp32, rows past seq as 0.
         blk = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
-        b = bh // H
-        h = bh % H
         rows = blk * BLOCK + tl.arange(0, BLOCK)
         dims = tl.arange(0, HEAD_DIM)
         valid = (rows < seq)[:, None]
-        x = tl.load(X + b * stride_b + h * stride_h + rows[:, None].to(tl.int64) * stride_s + dims[None, :],
-                    mask=valid, other=0.0).to(tl.float32)
+        x = tl.load(X + (bh // H) * stride_b + (bh % H) * stride_h + rows[:, None].to(tl.int64) * stride_s
+                    + dims[None, :], mask=valid, other=0.0).to(tl.float32)
+        return x, blk, bh, rows, dims, valid
+
+    @triton.jit
+    def _int8_blocks(X, MEAN, OUT, SCALE, stride_b, stride_s, stride_h, H, seq, n_blocks,
+                     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr):
+        x, blk, bh, rows, dims, valid = _program_rows(X, stride_b, stride_s, stride_h, H, seq, HEAD_DIM, BLOCK)
         if SMOOTH:
             x = tl.where(valid, x - tl.load(MEAN + bh * HEAD_DIM + dims)[None, :], 0.0)
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
@@ -42,14 +46,7 @@ if triton is not None:
     @triton.jit
     def _fp8_channels(V, SCALE, OUT, stride_b, stride_s, stride_h, H, seq, seq_pad,
                       HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
-        blk = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-        b = bh // H
-        h = bh % H
-        rows = blk * BLOCK + tl.arange(0, BLOCK)
-        dims = tl.arange(0, HEAD_DIM)
-        x = tl.load(V + b * stride_b + h * stride_h + rows[:, None].to(tl.int64) * stride_s + dims[None, :],
-                    mask=(rows < seq)[:, None], other=0.0).to(tl.float32)
+        x, blk, bh, rows, dims, _ = _program_rows(V, stride_b, stride_s, stride_h, H, seq, HEAD_DIM, BLOCK)
         scale = tl.load(SCALE + bh * HEAD_DIM + dims)
         y = tl.math.div_rn(x, tl.zeros([BLOCK, HEAD_DIM], tl.float32) + scale[None, :])
         tl.store(OUT + bh * HEAD_DIM * seq_pad + dims[None, :] * seq_pad + rows[:, None], y.to(tl.float8e4nv))
