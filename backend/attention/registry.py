@@ -114,11 +114,18 @@ def get_backend(spec: "AttentionSpec | str") -> AttentionBackend:
     return backend.configure(spec.settings)
 
 
+def _module_rank(backend: AttentionBackend) -> int:
+    module = getattr(backend.fn, "__module__", "") or ""
+    return next((i for i, m in enumerate(_BUILTIN_MODULES) if module.endswith(m)), len(_BUILTIN_MODULES))
+
+
 def available() -> list[str]:
-    """Registered names in registration order (the default, "sdpa", first): a newer backend is appended to the
-    loaders' lists, so the choices saved workflows know keep their places."""
+    """Registered names: the default ("sdpa") first, then by shipped module in _BUILTIN_MODULES' order and within
+    one by registration, whatever imported them first. A newer backend comes in a later module, so it is appended to
+    the loaders' lists and the choices saved workflows know keep their places."""
     _load_builtins()
-    return sorted(_BACKENDS, key=lambda n: n != "sdpa")  # stable: registration order after sdpa
+    order = list(_BACKENDS)
+    return sorted(order, key=lambda n: (n != "sdpa", _module_rank(_BACKENDS[n]), order.index(n)))
 
 
 def dense_names() -> list[str]:

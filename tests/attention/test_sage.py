@@ -229,3 +229,16 @@ def test_the_triton_quantisers_equal_the_torch_rule_bitwise(s):
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype == rule.FP8
                                                                          else a, b.view(torch.uint8)
                                                                          if b.dtype == rule.FP8 else b), name
+
+
+def test_the_loaders_list_keeps_its_order_whatever_is_imported_first():
+    """Saved workflows store the chosen name; the list's order is what the frontends show. sage comes last even when
+    a module imports it before the registry has loaded the others (as this test file does at collection)."""
+    import subprocess
+    import sys
+
+    code = ("from comfyui_h3.backend.attention import sage\n"
+            "from comfyui_h3.backend.attention.registry import available\n"
+            "print(','.join(available()))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "sdpa,math,sdpa_default,vsa,sage", run.stdout + run.stderr
