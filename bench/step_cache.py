@@ -4,6 +4,9 @@ final latents' relative error against `off` (the exact path) -- and the same on 
 
     python bench/step_cache.py --seconds 5 --steps 50 --settings off,quality,balanced,fast --json sc.json
     python bench/step_cache.py --tiny            # the tiny model, every preset, on the CPU
+    # split over two device calls (a 50-step `off` run alone is ~5 minutes): the reference saved, then compared
+    python bench/step_cache.py --settings off,fast --save-reference off.pt
+    python bench/step_cache.py --settings quality,balanced --reference off.pt
 
 Random weights make the residual criterion atypical (their residuals change differently from step to step than a
 trained model's), so the presets' speed and error here are provisional; trained-weight quality cannot be measured
@@ -39,6 +42,9 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--save-reference", help="torch.save the `off` run's final latents here")
+    ap.add_argument("--reference", help="compare with a --save-reference file instead of running `off` again "
+                                        "(same seeded random weights, shape and steps)")
     args = ap.parse_args()
 
     from comfyui_h3.backend.executor.worker import setup_rank
@@ -53,7 +59,13 @@ def main() -> None:
     args.dtype = "float32" if args.tiny else "bfloat16"
     args.adaln_cache, args.fasth3 = True, False
     settings = args.settings.split(",")
-    if settings[0] != "off":
+    reference = None
+    if args.reference:
+        reference = torch.load(args.reference, map_location="cpu", weights_only=True)
+        if (reference["steps"], reference["seconds"]) != (args.steps, args.seconds):
+            raise SystemExit(f"{args.reference} was made at {reference['steps']} steps, {reference['seconds']} s")
+        settings = [s for s in settings if s != "off"]
+    elif settings[0] != "off":
         settings.insert(0, "off")  # the reference
     root = tempfile.mkdtemp(prefix="h3-step-cache-")
     records = []
@@ -73,18 +85,19 @@ def main() -> None:
 
         pipe.run(request(2, "off"), should_stop=lambda: False)
         sync()
-        reference = None
         for setting in settings:
             t0 = time.perf_counter()
             result = pipe.run(request(args.steps, setting), should_stop=lambda: False)
             sync()
             total = time.perf_counter() - t0
             report = result.manifest.get("step_cache") or {}
+            latents = {key: getattr(result, key).float().cpu() for key in ("video_latents", "audio_latents")}
             if reference is None:
-                reference = result
-            err = {key: float((getattr(result, key).double() - getattr(reference, key).double()).norm()
-                              / getattr(reference, key).double().norm())
-                   for key in ("video_latents", "audio_latents")}
+                reference = dict(latents, steps=args.steps, seconds=args.seconds)
+                if args.save_reference:
+                    torch.save(reference, args.save_reference)
+            err = {key: float((latents[key].double() - reference[key].double()).norm()
+                              / reference[key].double().norm()) for key in latents}
             record = {"setting": setting, "request_s": total, "denoise_s": result.timings.get("denoise_s"),
                       "forwards_computed": report.get("forwards_computed", args.steps),
                       "steps_cached": report.get("steps_cached", 0),

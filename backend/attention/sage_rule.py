@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 BLOCK_M = 128  # query rows per Q scale (and per kernel program)
-BLOCK_N = 64  # key rows per K scale (and per kernel key tile)
+BLOCK_N = 128  # key rows per K scale (and per kernel key tile): 128 measured 0.88x of 64's kernel time (H100)
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # e4m3fn's largest finite value: P's static scale and V's per-channel range
 FP8 = torch.float8_e4m3fn

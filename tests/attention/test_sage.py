@@ -117,20 +117,21 @@ def test_query_blocks_are_independent():
 
 def test_skip_softmax_leaves_out_only_the_negligible_tiles():
     # Key tile 0 aligned with every query (scores ~8), tiles 1-3 noise (scores ~0): exp(-8) < 0.01 everywhere.
+    n = rule.BLOCK_N
     g = torch.Generator().manual_seed(7)
     u = torch.randn(64, generator=g)
-    q = u + 0.1 * torch.randn(1, 256, 1, 64, generator=g)
-    k = 0.3 * torch.randn(1, 256, 1, 64, generator=g)
-    k[:, :64] += u
-    v = torch.randn(1, 256, 1, 64, generator=g)
+    q = u + 0.1 * torch.randn(1, 4 * n, 1, 64, generator=g)
+    k = 0.3 * torch.randn(1, 4 * n, 1, 64, generator=g)
+    k[:, :n] += u
+    v = torch.randn(1, 4 * n, 1, 64, generator=g)
     full = rule.reference(q, k, v)
     assert torch.equal(rule.reference(q, k, v, rule.SageSettings(0.0)), full)
     skipped = rule.reference(q, k, v, rule.SageSettings(0.01))
     assert not torch.equal(skipped, full) and rel(skipped, full) < 1e-2
     ops = rule.quantize(q, k, v)  # the same operands, cut to key tile 0: what skipping tiles 1-3 must give
-    tile0 = rule.SageOperands(ops.q8, ops.q_scale, ops.k8[:, :, :64], ops.k_scale[:, :, :1], ops.v8[..., :64],
-                              ops.v_scale, 64)
-    assert torch.equal(skipped[:, :64], rule.attend_quantized(tile0))
+    tile0 = rule.SageOperands(ops.q8, ops.q_scale, ops.k8[:, :, :n], ops.k_scale[:, :, :1], ops.v8[..., :n],
+                              ops.v_scale, n)
+    assert torch.equal(skipped[:, :n], rule.attend_quantized(tile0))
 
 
 def test_settings_text_and_errors():
