@@ -15,6 +15,7 @@ Stages print one JSON line each (also appended to --json)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -215,6 +216,9 @@ def stage_pipeline(args) -> None:
     pipe = SeedVR2Pipeline(comps, Runtime())
     from comfyui_h3.backend.pipelines.seedvr2 import pipeline as pipeline_module, restore
 
+    if args.vae_piece_frames:  # the VAE's full-rate layers in pieces of frames (vae.in_pieces): less memory
+        for name in ("encode", "decode"):
+            setattr(comps.vae, name, functools.partial(getattr(comps.vae, name), piece_frames=args.vae_piece_frames))
     # A line per stage as it ends: a run cut short still says where the time went. A batch's VAE runs either the
     # whole pass (vae.encode / vae.decode) or the tiled one (restore's tiled_encode / tiled_decode), never both.
     for owner, name, stage in ((comps.vae, "encode", None), (comps.vae, "decode", None), (comps, "dit", None),
@@ -237,7 +241,8 @@ def stage_pipeline(args) -> None:
     frames = res.frames
     record = {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
               "output": list(frames.shape), "batches": res.batches, "batch_frames": plan.batch,
-              "vae_tiles": list(memory.vae_tiles), "vae_tile_stats": args.vae_tile_stats, "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
+              "vae_tiles": list(memory.vae_tiles), "vae_tile_stats": args.vae_tile_stats,
+              "vae_piece_frames": args.vae_piece_frames, "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
               "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in res.timings.items()},
               "peak_gib": round(max(RUN_PEAK[0], torch.cuda.max_memory_allocated()) / 2**30, 2),
@@ -524,6 +529,8 @@ def main() -> None:
                     help="pipeline: a tiled VAE's GroupNorm statistics (the request's vae_tile_stats)")
     ap.add_argument("--vae-tile", type=int, nargs="+", default=[0],
                     help="pipeline: the request's VAE tile (px; 0 = auto), or encode and decode tiles")
+    ap.add_argument("--vae-piece-frames", type=int, default=0,
+                    help="pipeline: run the VAE's full-rate layers in pieces of this many frames (0: whole slices)")
     ap.add_argument("--size", help="pipeline: the output's WIDTHxHEIGHT (instead of --scale), e.g. 1920x1080")
     ap.add_argument("--memory-gib", type=float, default=0.0,
                     help="pipeline: cap the process at this much device memory in all (0: the whole GPU)")

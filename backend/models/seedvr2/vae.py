@@ -140,10 +140,18 @@ class Encoder(nn.Module):
         self.mid_block = MidBlock(ch[-1], cfg)
         self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, ch[-1], eps=cfg.eps)
         self.conv_out = _conv3(ch[-1], 2 * cfg.latent_channels)
+        # conv_in and the blocks before the first temporal down conv keep the frame rate: they may run in pieces
+        self.full_rate = len(ch) - 1 - cfg.temporal_down_blocks
+
+    def _full_rate_part(self, x: torch.Tensor, stream: CausalStream) -> torch.Tensor:
+        x = self.conv_in(x, stream)
+        for block in self.down_blocks[:self.full_rate]:
+            x = block(x, stream)
+        return x
 
     def forward(self, x: torch.Tensor, stream: CausalStream) -> torch.Tensor:
-        x = self.conv_in(x, stream)
-        for block in self.down_blocks:
+        x = in_pieces(self._full_rate_part, x, stream)
+        for block in self.down_blocks[self.full_rate:]:
             x = block(x, stream)
         x = self.mid_block(x, stream)
         return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
@@ -162,12 +170,42 @@ class Decoder(nn.Module):
         self.mid_block = MidBlock(ch[0], cfg)
         self.conv_norm_out = nn.GroupNorm(cfg.norm_groups, ch[-1], eps=cfg.eps)
         self.conv_out = _conv3(ch[-1], cfg.out_channels)
+        # the up blocks after the last temporal upsampler and conv_out keep the frame rate: they may run in pieces
+        self.full_rate = min(cfg.temporal_down_blocks, len(ch) - 1)
+
+    def _full_rate_part(self, x: torch.Tensor, stream: CausalStream) -> torch.Tensor:
+        for block in self.up_blocks[self.full_rate:]:
+            x = block(x, stream)
+        return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
 
     def forward(self, z: torch.Tensor, stream: CausalStream) -> torch.Tensor:
         x = self.mid_block(self.conv_in(z, stream), stream)
-        for block in self.up_blocks:
+        for block in self.up_blocks[:self.full_rate]:
             x = block(x, stream)
-        return self.conv_out(x, stream, FrameGroupNorm(self.conv_norm_out, x, stream.chunk_bytes, silu=True))
+        return in_pieces(self._full_rate_part, x, stream)
+
+
+def in_pieces(run: Callable[[torch.Tensor, CausalStream], torch.Tensor], x: torch.Tensor,
+              stream: CausalStream) -> torch.Tensor:
+    """run(x, stream) over pieces of ``stream.piece_frames`` frames of x (None: x whole), concatenated in time.
+    `run` must keep the frame rate (no temporal up or down conv): its causal convs carry frames from piece to piece as
+    from slice to slice, and its GroupNorms take per-frame statistics, so the pieces equal the whole slice (up to the
+    convs' summation order) while its activations scale with one piece. Only the plain stream: a stream over ranks
+    exchanges carried frames once per slice (backend/parallel/seedvr2_vae_shard.py)."""
+    frames = stream.piece_frames
+    total = x.shape[2]
+    if not frames or total <= frames or type(stream) is not CausalStream:
+        return run(x, stream)
+    first, keep = stream.first, stream.keep
+    out = []
+    try:
+        for a in range(0, total, frames):
+            b = min(total, a + frames)
+            stream.first, stream.keep = first and a == 0, keep or b < total
+            out.append(run(x[:, :, a:b], stream))
+    finally:
+        stream.first, stream.keep = first, keep
+    return torch.cat(out, 2)
 
 
 def time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
@@ -181,14 +219,22 @@ def time_slices(total: int, step: Optional[int]) -> Iterator[Tuple[int, int]]:
 
 
 def _run_sliced(module: nn.Module, x: torch.Tensor, step: Optional[int], chunk_bytes: int,
-                check: Optional[Callable[[], None]] = None) -> Iterator[torch.Tensor]:
+                check: Optional[Callable[[], None]] = None, piece_frames: Optional[int] = None
+                ) -> Iterator[torch.Tensor]:
     stream = CausalStream(chunk_bytes)
+    stream.piece_frames = piece_frames
     for a, b in time_slices(x.shape[2], step):
         if check is not None and a:  # between slices: a Stop (the callable raises) need not wait for the whole clip
             check()
         stream.keep = b < x.shape[2]
         yield module(x[:, :, a:b], stream)
         stream.first = False
+
+
+def _check_piece_frames(piece_frames: Optional[int]) -> None:
+    if piece_frames is not None and (isinstance(piece_frames, bool) or int(piece_frames) != piece_frames
+                                     or piece_frames <= 0):
+        raise ValueError(f"piece_frames must be a positive whole number of frames (or None), got {piece_frames!r}")
 
 
 class SeedVR2VAE(nn.Module):
@@ -219,12 +265,15 @@ class SeedVR2VAE(nn.Module):
 
     @torch.no_grad()
     def encode(self, video: torch.Tensor, slice_frames: Optional[int] = 4, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-               check: Optional[Callable[[], None]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+               check: Optional[Callable[[], None]] = None, piece_frames: Optional[int] = None
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
         """video [B, 3, F, H, W] in [-1, 1], F = 1 + 4n -> (mean, logvar), each [B, 16, 1 + n, H // 8, W // 8],
         unscaled; logvar clamped to [-30, 20]. H, W not multiples of 8 are accepted as the official does (each
         stride-2 conv floors), so a caller that wants the whole frame back pads to multiples of 8 first.
         ``slice_frames``: frames per time slice after the first (a positive multiple of 4), None for one slice;
-        ``check``: called between time slices (a Stop check that raises)."""
+        ``check``: called between time slices (a Stop check that raises); ``piece_frames``: the full-rate layers
+        (conv_in and the down blocks before the temporal ones) run each slice in pieces of this many frames (None:
+        whole slices; in_pieces says why that is exact and what it saves)."""
         cfg = self.config
         tf = cfg.temporal_factor
         if video.ndim != 5 or video.shape[1] != cfg.in_channels or (video.shape[2] - 1) % tf:
@@ -233,16 +282,19 @@ class SeedVR2VAE(nn.Module):
         if slice_frames is not None and (slice_frames <= 0 or slice_frames % tf):
             raise ValueError(f"slice_frames must be a positive multiple of {tf} (or None), got {slice_frames}")
         x = self._enter(video)
-        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes, check)), 2).contiguous()
+        _check_piece_frames(piece_frames)
+        moments = torch.cat(list(_run_sliced(self.encoder, x, slice_frames, chunk_bytes, check, piece_frames)),
+                            2).contiguous()
         mean, logvar = moments.chunk(2, dim=1)
         return mean, logvar.clamp(*LOGVAR_RANGE)
 
     @torch.no_grad()
     def decode(self, z: torch.Tensor, slice_latents: Optional[int] = 1, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-               check: Optional[Callable[[], None]] = None) -> torch.Tensor:
+               check: Optional[Callable[[], None]] = None, piece_frames: Optional[int] = None) -> torch.Tensor:
         """z [B, 16, T, h, w] (unscaled) -> video [B, 3, 4T - 3, 8h, 8w], about [-1, 1] (not clamped).
         ``slice_latents``: latent frames per time slice after the first (>= 1), None for one slice; ``check``: as
-        encode's."""
+        encode's; ``piece_frames``: the full-rate layers (the up blocks after the temporal ones, conv_out) run each
+        slice in pieces of this many frames (None: whole slices)."""
         cfg = self.config
         if z.ndim != 5 or z.shape[1] != cfg.latent_channels or z.shape[2] < 1:
             raise ValueError(f"SeedVR2 VAE decode needs latents [B, {cfg.latent_channels}, T >= 1, h, w], "
@@ -253,7 +305,8 @@ class SeedVR2VAE(nn.Module):
         s, tf = cfg.spatial_factor, cfg.temporal_factor
         out = None
         pos = 0
-        for y in _run_sliced(self.decoder, self._enter(z), slice_latents, chunk_bytes, check):
+        _check_piece_frames(piece_frames)
+        for y in _run_sliced(self.decoder, self._enter(z), slice_latents, chunk_bytes, check, piece_frames):
             if out is None:
                 out = y.new_empty(b, cfg.out_channels, tf * (t - 1) + 1, h * s, w * s)
             out[:, :, pos:pos + y.shape[2]] = y

@@ -133,6 +133,7 @@ class CausalStream:
         self.memory: Dict[nn.Module, torch.Tensor] = {}
         self.first = True
         self.keep = False
+        self.piece_frames: Optional[int] = None  # vae.in_pieces: frames per piece of the full-rate layers
 
     def extend(self, conv: "CausalConv3d", x: torch.Tensor, pre: Optional["FrameGroupNorm"]) -> "TimeExtended":
         """conv's time-extended input of this slice (front copies of frame 0 in the first slice, else the frames the

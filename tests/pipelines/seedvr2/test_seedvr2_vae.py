@@ -13,6 +13,7 @@ from safetensors import safe_open
 from repo_paths import FIXTURES
 from comfyui_h3.backend.models.seedvr2 import vae_layout, vae_ops
 from comfyui_h3.backend.models.seedvr2.vae import (
+    in_pieces,
     LATENT_SCALE,
     LATENT_SHIFT,
     SeedVR2VAE,
@@ -148,6 +149,59 @@ def test_sliced_decode_equals_whole(vae, slice_latents):
     whole = vae.decode(z, slice_latents=None)
     sliced = vae.decode(z, slice_latents=slice_latents)
     assert sliced.shape == whole.shape and rel(sliced, whole) <= TOL
+
+
+def _frames_seen(module, seen):
+    return module.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[2]))
+
+
+@pytest.mark.parametrize("piece_frames", [1, 2, 3])
+def test_full_rate_layers_in_pieces_equal_the_goldens_and_see_at_most_a_piece(vae, piece_frames):
+    """The layers that keep the frame rate (encoder: conv_in and block 0; decoder: the blocks after the temporal
+    upsamplers and conv_out) run each time slice in pieces: the same result (the official goldens, fp32 1e-5), and
+    those layers never see more than a piece of frames (what bounds their activations)."""
+    i = _longest(ENCODE)
+    x = T[f"enc.{i}.x"].float()
+    seen = []
+    hooks = [_frames_seen(vae.encoder.conv_in, seen), _frames_seen(vae.encoder.down_blocks[1], [])]
+    try:
+        mean, logvar = vae.encode(x, piece_frames=piece_frames)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert rel(mean, T[f"enc.{i}.sliced.mean"]) <= TOL and rel(logvar, T[f"enc.{i}.sliced.logvar"]) <= TOL
+    assert max(seen) <= piece_frames and sum(seen) == x.shape[2]
+    i = _longest(DECODE)
+    z = T[f"dec.{i}.z"].float()
+    seen, upper = [], []
+    hooks = [_frames_seen(vae.decoder.conv_out, seen), _frames_seen(vae.decoder.up_blocks[1], upper)]
+    try:
+        out = vae.decode(z, piece_frames=piece_frames)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert rel(out, T[f"dec.{i}.sliced.out"]) <= TOL
+    assert max(seen) <= piece_frames and sum(seen) == out.shape[2]
+    assert len(upper) == z.shape[2] - 1  # the temporal layers still see whole slices (latents 0-1, then 1 each)
+    whole = vae.decode(z, slice_latents=None, piece_frames=piece_frames)  # one slice, in pieces
+    assert rel(whole, T[f"dec.{i}.out"]) <= TOL
+
+
+def test_pieces_only_on_the_plain_stream_and_bad_piece_sizes_are_refused(vae):
+    class RankStream(vae_ops.CausalStream):  # as a stream over ranks: carried frames exchanged once per slice
+        pass
+
+    calls = []
+    x = torch.zeros(1, 2, 5, 4, 4)
+    for stream, want in ((vae_ops.CausalStream(), [1] * 5), (RankStream(), [5])):
+        calls.clear()
+        stream.piece_frames = 1
+        in_pieces(lambda piece, _s: calls.append(piece.shape[2]) or piece, x, stream)
+        assert calls == want and stream.first and not stream.keep  # the slice's flags are restored
+    z = T[f"dec.{_longest(DECODE)}.z"].float()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="piece_frames"):
+            vae.decode(z, piece_frames=bad)
 
 
 def test_causal_prefixes(vae):
@@ -296,6 +350,11 @@ def test_a_channels_last_pass_stays_channels_last_and_equals_the_goldens(vae, mo
         assert mean.is_contiguous() and logvar.is_contiguous()  # the latents leave in the callers' layout
         assert vae.encoder.conv_in.weight.is_contiguous(memory_format=torch.channels_last_3d)
         out = vae.decode(T["dec.3.z"].float(), chunk_bytes=1 << 16)
+        assert rel(out, T["dec.3.sliced.out"]) <= TOL and out.is_contiguous()
+        # the full-rate layers in pieces: the pieces and their concatenation stay channels-last too
+        mean, _ = vae.encode(T["enc.2.x"].float(), chunk_bytes=1 << 16, piece_frames=2)
+        assert rel(mean, T["enc.2.sliced.mean"]) <= TOL
+        out = vae.decode(T["dec.3.z"].float(), chunk_bytes=1 << 16, piece_frames=1)
         assert rel(out, T["dec.3.sliced.out"]) <= TOL and out.is_contiguous()
         assert seen and all(seen), f"{seen.count(False)} of {len(seen)} convs read NCDHW"
     finally:
