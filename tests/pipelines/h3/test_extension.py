@@ -323,6 +323,29 @@ def test_stop_keeps_the_finished_windows_as_a_playable_file(pipeline, tmp_path):
     assert stopped.value.extra["windows_done"] == 0 and not os.path.exists(path2)
 
 
+def test_a_failed_file_write_ends_the_extension_before_the_next_window(pipeline, tmp_path, monkeypatch):
+    """The file's encoder failing (a full disk) is noticed before the next window is denoised, not after every window:
+    the run ends with the encoder's error, the partial file is removed, and no more denoising happens."""
+    from comfyui_h3.backend.media import frame_sinks
+    from comfyui_h3.backend.media.encode import next_free_path
+    from comfyui_h3.backend.pipelines.h3.tasks.extend import run_extend
+
+    checks = {"n": 0}
+
+    def failing_check(self):
+        checks["n"] += 1
+        if checks["n"] == 2:  # as StreamingVideoSaver.check raises once its thread has met ENOSPC
+            raise RuntimeError("the video encoder failed: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(frame_sinks.FileSink, "check", failing_check)
+    path = next_free_path(str(tmp_path), "ext", "mp4")
+    steps = []
+    with pytest.raises(RuntimeError, match="No space left"):
+        run_extend(pipeline, extension_request(output_path=path), on_step=lambda done, total: steps.append(done))
+    assert max(steps) == 2  # window 1's two steps ran, window 2's none
+    assert not os.path.exists(path) and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
 @pytest.mark.slow
 def test_memory_of_six_windows_stays_near_one(tiny_h3_dir, tmp_path):
     """Each run in a fresh process writing its file (256x448, 124-frame windows: each window adds 102 frames, 35 MB
