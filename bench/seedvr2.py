@@ -242,7 +242,8 @@ def stage_pipeline(args) -> None:
     record = {"stage": "pipeline", "variant": args.variant, "input": [args.frames, args.height, args.width],
               "output": list(frames.shape), "batches": res.batches, "batch_frames": plan.batch,
               "vae_tiles": list(memory.vae_tiles), "vae_tile_stats": args.vae_tile_stats,
-              "vae_piece_frames": args.vae_piece_frames, "resident_blocks": args.resident_blocks, "fp8": args.fp8, **cap,
+              "vae_piece_frames": args.vae_piece_frames, "resident_blocks": args.resident_blocks, "fp8": args.fp8,
+              **cap,
               "wall_s": round(wall, 2), **{k: (round(v, 3) if isinstance(v, float) else v)
                                             for k, v in res.timings.items()},
               "peak_gib": round(max(RUN_PEAK[0], torch.cuda.max_memory_allocated()) / 2**30, 2),

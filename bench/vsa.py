@@ -28,6 +28,7 @@ one "quality" line per setting). `--fp8` adds the VSA block with FP8 GEMM weight
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -298,6 +299,8 @@ def main() -> None:
     ap.add_argument("--skip-diffusers", action="store_true")
     ap.add_argument("--compile", action="store_true", help="regional torch.compile of the blocks, as the engine")
     ap.add_argument("--fp8", action="store_true", help="also the VSA block with FP8 GEMM weights (fp8_linear.py)")
+    ap.add_argument("--sage", action="store_true", help="also VSA at SAGE precision (vsa_sage.py): block, attention, "
+                                                        "kernel, error vs bf16 VSA")
     ap.add_argument("--layers", type=int, default=50, help="blocks per forward, for the projections")
     ap.add_argument("--dense-first", type=float, default=0.25, help="projections: fraction of the steps dense")
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (a dry run of every part)")
@@ -399,9 +402,17 @@ def run_shape(args, cfg, block, fp8_block, ref_state, seconds, dev, dtype, first
     def run_vsa(b=block):
         return b(x_tiled.clone(), b.adaln_proj(temb), seg_v, rope_v, vsa_attn)
 
+    vsa_sage = get_backend(f"vsa:{dataclasses.replace(settings, precision='sage').spec()}") if args.sage else None
+
+    @torch.no_grad()
+    def run_vsa_sage(b=block):  # the sparse step at SAGE precision (vsa_sage.py)
+        return b(x_tiled.clone(), b.adaln_proj(temb), seg_v, rope_v, lambda q, k, v: vsa_sage(q, k, v, plan))
+
     dense_out = run_dense()
     vsa_out = run_vsa()[:, inv]  # back to packed order to compare
     part = {"block_rel_err_vsa_vs_dense": rel(vsa_out, dense_out)}
+    if vsa_sage is not None:
+        part["block_rel_err_vsa_sage_vs_vsa"] = rel(run_vsa_sage()[:, inv], vsa_out)
     del dense_out, vsa_out
     part["dense_block_ms"], part["dense_block_peak_gib"] = timed(run_dense, args.iters)
     part["vsa_block_ms"], part["vsa_block_peak_gib"] = timed(run_vsa, args.iters)
@@ -409,6 +420,12 @@ def run_shape(args, cfg, block, fp8_block, ref_state, seconds, dev, dtype, first
     if fp8_block is not None:
         part["vsa_fp8_block_ms"], _ = timed(lambda: run_vsa(fp8_block), args.iters)
         part["vsa_fp8_over_dense"] = part["vsa_fp8_block_ms"] / part["dense_block_ms"]
+    if vsa_sage is not None:
+        part["vsa_sage_block_ms"], _ = timed(run_vsa_sage, args.iters)
+        part["vsa_sage_over_dense"] = part["vsa_sage_block_ms"] / part["dense_block_ms"]
+        if fp8_block is not None:
+            part["vsa_sage_fp8_block_ms"], _ = timed(lambda: run_vsa_sage(fp8_block), args.iters)
+            part["vsa_sage_fp8_over_dense"] = part["vsa_sage_fp8_block_ms"] / part["dense_block_ms"]
     if first and not (tiny or args.skip_diffusers):
         from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
 
@@ -435,6 +452,17 @@ def run_shape(args, cfg, block, fp8_block, ref_state, seconds, dev, dtype, first
     part["dense_attention_ms"], _ = timed(lambda: dense_attn(q, k, v), args.iters)
     part["vsa_attention_ms"], part["vsa_attention_peak_gib"] = timed(lambda: vsa(q, k, v, plan), args.iters)
     part["select_ms"], _ = timed(lambda: select_tiles(q, k, p, plan.tile_sizes, plan.topk), args.iters)
+    if vsa_sage is not None:
+        from comfyui_h3.backend.attention import vsa_sage as sage_rows
+
+        part["vsa_sage_attention_ms"], _ = timed(lambda: vsa_sage(q, k, v, plan), args.iters)
+        part["vsa_sage_attention_rel_vs_vsa"] = rel(vsa_sage(q, k, v, plan)[:, p:], vsa(q, k, v, plan)[:, p:])
+        part["vsa_sage_quantize_ms"], _ = timed(lambda: sage_rows.quantize(q, k, v), args.iters)
+        if sage_rows.kernel_supported(q):
+            ops, out8 = sage_rows.quantize(q, k, v), torch.empty_like(q)
+            part["vsa_sage_kernel_ms"], _ = timed(
+                lambda: sage_rows.kernel_video_attention(ops, p, starts, sizes, sel, out8), args.iters)
+            part["vsa_sage_kernel_tflops"] = 4 * hd * (pairs - p * seq * heads) / part["vsa_sage_kernel_ms"] / 1e9
     if dev.type == "cuda" and triton_supported(q):
         from comfyui_h3.backend.attention.vsa_kernel import KERNEL_CONFIG, triton_video_attention
 

@@ -87,7 +87,8 @@ def _model_option(p) -> None:
     ENGINE.add_flags(p, "adaln_cache")
     ENGINE["resident_blocks"].add_flag(p, checked=True, metavar="all|auto|N")  # refused before any input is read
     ENGINE["attention"].add_flag(p, choices=None)  # any registered name: its rule runs when the config is built
-    ENGINE.add_flags(p, "vsa_topk", "vsa_dense_steps", vsa_topk=None, vsa_dense_steps=None)  # None: not given
+    ENGINE.add_flags(p, "vsa_topk", "vsa_dense_steps", "attention_precision", vsa_topk=None, vsa_dense_steps=None,
+                     attention_precision=None)  # None: not given
     p.add_argument("--fasth3", default=None, metavar="FILE|tiny",
                    help="FastH3, FastVideo's 4-step student: its adapter_model.safetensors (vsa-datafree: needs "
                         "--attention vsa; or dense-datafree), fused into transformer/ at load; 'tiny': the built-in "

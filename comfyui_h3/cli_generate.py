@@ -124,13 +124,15 @@ def generate(args, model_dir, build=None) -> int:
 
 
 def attention_flags(args) -> dict:
-    """--attention, --vsa-topk, --vsa-dense-steps as the engine config builder's arguments. Unlike the loader's
-    widgets, which always carry a value, a VSA flag given without --attention vsa is a mistake worth naming."""
+    """--attention, --vsa-topk, --vsa-dense-steps, --attention-precision as the engine config builder's arguments.
+    Unlike the loader's widgets, which always carry a value, a VSA flag given without --attention vsa is a mistake
+    worth naming."""
     name = getattr(args, "attention", "sdpa")
-    topk, dense = getattr(args, "vsa_topk", None), getattr(args, "vsa_dense_steps", None)
-    if name != "vsa" and (topk is not None or dense is not None):
-        raise ValueError(f"--vsa-topk / --vsa-dense-steps need --attention vsa (got --attention {name}).")
-    return {"attention": name, "vsa_topk": topk, "vsa_dense_steps": dense}
+    vsa = {key: getattr(args, key, None) for key in ("vsa_topk", "vsa_dense_steps", "attention_precision")}
+    if name != "vsa" and any(value is not None for value in vsa.values()):
+        raise ValueError(f"--vsa-topk / --vsa-dense-steps / --attention-precision need --attention vsa (got "
+                         f"--attention {name}).")
+    return {"attention": name, **vsa}
 
 
 def attention_spec(args):

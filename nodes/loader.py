@@ -63,6 +63,7 @@ class H3ModelLoader:
                                "and 4 steps. The vsa-datafree variant carries learned gates and needs attention vsa. "
                                "The tiny student goes with the tiny model."}),
                 **native_file_inputs(),
+                **ENGINE.inputs("attention_precision"),
             },
         }
 
@@ -74,7 +75,7 @@ class H3ModelLoader:
 
     def load(self, model, device, dtype, attention, sp_degree=1, gpus="", executor="mp", ray_address="",
              adaln_cache=False, weights="bf16", resident_blocks="all", vsa_topk=None, vsa_dense_steps=None,
-             student="none", **files):
+             student="none", attention_precision=None, **files):
         files = {c: services.resolve_native_file(c, files[c]) for c in NATIVE_COMPONENTS
                  if files.get(c) not in (None, "", services.FROM_FOLDER)}
         if model == TINY_NAME:
@@ -95,6 +96,7 @@ class H3ModelLoader:
                              "empty.")
         device, sp_degree = resolve_devices(device, int(sp_degree), gpus)
         config = engine_config(path, attention=attention, vsa_topk=vsa_topk, vsa_dense_steps=vsa_dense_steps,
+                               attention_precision=attention_precision,
                                adaln_cache=bool(adaln_cache), weights=weights, resident_blocks=resident_blocks,
                                device=device, dtype=dtype, world_size=sp_degree, executor=executor,
                                ray_address=(ray_address or "").strip(), student=adapter, files=files)

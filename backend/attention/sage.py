@@ -12,19 +12,21 @@ from .sage_kernel import fp8_capable, kernel_supported, sage_attention
 from .sage_rule import SageSettings, attend_quantized, quantize
 
 
-def check_device(device: torch.device) -> None:
-    """One clear line where the kernel cannot run: a CUDA GPU without FP8 MMA, or without Triton."""
+def check_device(device: torch.device, who: str = "Attention 'sage'",
+                 instead: str = "choose attention sdpa (exact) or vsa") -> None:
+    """One clear line where the SAGE kernels cannot run: a CUDA GPU without FP8 MMA, or without Triton. `who` /
+    `instead`: what needs them and what to choose then (the vsa backend's precision sage says its own)."""
     if device.type != "cuda":
         return
     ok, what = fp8_capable(device)
     if not ok:
-        raise ValueError(f"Attention 'sage' needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, "
-                         f"Blackwell); {what} has none. Choose attention sdpa (exact) or vsa.")
+        raise ValueError(f"{who} needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper, "
+                         f"Blackwell); {what} has none: {instead}.")
     from .sage_kernel import triton
 
     if triton is None:
-        raise ValueError("Attention 'sage' runs a Triton kernel on the GPU and Triton is not installed: "
-                         "pip install triton, or choose attention sdpa.")
+        raise ValueError(f"{who} runs a Triton kernel on the GPU and Triton is not installed: pip install triton, "
+                         f"or {instead}.")
 
 
 def backend(settings: SageSettings) -> AttentionBackend:

@@ -35,12 +35,18 @@ TILE = (4, 4, 4)
 TILE_ROWS = 64  # rows of a full tile, and of a prefix block
 
 
+PRECISIONS = ("bf16", "sage")  # the sparse steps' operands: the activations' dtype, or SAGE's INT8/FP8 (vsa_sage.py)
+
+
 @dataclass(frozen=True)
 class VSASettings:
     topk: float = 0.1  # tiles (>= 1) or a fraction of the video tiles (< 1)
     dense_steps: float = 0.25  # steps (>= 1) or a fraction of the steps (< 1) run dense before the sparse ones
+    precision: str = "bf16"  # PRECISIONS; the dense steps stay exact either way
 
     def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"VSA precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}.")
         for name in ("topk", "dense_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -59,21 +65,24 @@ class VSASettings:
         return min(n, steps)
 
     def spec(self) -> str:
-        return f"topk={_fmt(self.topk)},dense={_fmt(self.dense_steps)}"
+        text = f"topk={_fmt(self.topk)},dense={_fmt(self.dense_steps)}"
+        return text if self.precision == "bf16" else f"{text},precision={self.precision}"  # bf16: names as before
 
     @classmethod
     def parse(cls, text: str) -> "VSASettings":
-        """'topk=0.1,dense=10' (either key optional) -> settings; one clear line on anything else."""
+        """'topk=0.1,dense=10,precision=sage' (each key optional) -> settings; one clear line on anything else."""
         values = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, raw = part.partition("=")
-            key = {"topk": "topk", "dense": "dense_steps", "dense_steps": "dense_steps"}.get(key.strip())
+            key = {"topk": "topk", "dense": "dense_steps", "dense_steps": "dense_steps",
+                   "precision": "precision"}.get(key.strip())
             try:
                 if not sep or key is None:
                     raise ValueError
-                values[key] = float(raw)
+                values[key] = raw.strip() if key == "precision" else float(raw)
             except ValueError:
-                raise ValueError(f"VSA option {part!r} is not topk=<number> or dense=<number>.") from None
+                raise ValueError(f"VSA option {part!r} is not topk=<number>, dense=<number> or "
+                                 f"precision={'|'.join(PRECISIONS)}.") from None
         return cls(**values)
 
 

@@ -20,12 +20,12 @@ The rule, per (batch, head), rows in tile order (vsa_plan.py: P prefix rows, the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
+from . import sage_rule
 from .sage_kernel import LOG2E, fp8_capable
-from .sage_rule import FP8, FP8_MAX, INT8_MAX, _divide, quantize_v_fp8
+from .sage_rule import FP8, FP8_MAX, SageOperands
 from .vsa_kernel import select_tiles
 from .vsa_plan import TILE_ROWS
 from .vsa_softmax import tl, triton
@@ -33,34 +33,10 @@ from .vsa_softmax import tl, triton
 KERNEL_CONFIG = {"num_warps": 4, "num_stages": 3}  # the bf16 pointer kernel's (vsa_kernel.KERNEL_CONFIG); untuned
 
 
-@dataclass(frozen=True)
-class RowOperands:
-    """q8, k8 int8 [B, H, S, D]; q_scale, k_scale fp32 [B, H, S]; v8 e4m3 [B, H, D, S]; v_scale fp32 [B, H, D]."""
-
-    q8: torch.Tensor
-    q_scale: torch.Tensor
-    k8: torch.Tensor
-    k_scale: torch.Tensor
-    v8: torch.Tensor
-    v_scale: torch.Tensor
-
-
-def int8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, S, H, D] float -> (int8 [B, H, S, D], fp32 scales [B, H, S]): one absmax scale per row of a head."""
-    xf = x.transpose(1, 2).float()
-    scale = _divide(xf.abs().amax(dim=-1), INT8_MAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    codes = torch.round(xf / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return codes.contiguous(), scale
-
-
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> RowOperands:
-    """The rule's operands from q, k, v [B, S, H, D] (module docstring)."""
-    k_smooth = k.float() - k.mean(dim=1, dtype=torch.float32, keepdim=True)
-    q8, q_scale = int8_rows(q)
-    k8, k_scale = int8_rows(k_smooth)
-    v8, v_scale = quantize_v_fp8(v, 1)
-    return RowOperands(q8, q_scale, k8, k_scale, v8, v_scale)
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> SageOperands:
+    """The rule's operands from q, k, v [B, S, H, D] (module docstring): sage_rule's quantisers with blocks of one row,
+    so q_scale and k_scale are [B, H, S]."""
+    return sage_rule.quantize(q, k, v, block_m=1, block_n=1)
 
 
 def _key_blocks(num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor, sel: torch.Tensor, tile: int):
@@ -79,7 +55,7 @@ def _key_blocks(num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor, sel:
         yield torch.where(valid, start + lane, start), valid
 
 
-def attend_video(ops: RowOperands, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor, sel: torch.Tensor,
+def attend_video(ops: SageOperands, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor, sel: torch.Tensor,
                  dtype=torch.float64) -> torch.Tensor:
     """The rule for the video queries in `dtype` (float64: the reference; float32: the CPU path): [B, S - P, H, D]
     (rows in tile order). `starts`, `sizes` [T] (vsa_plan's tables), `sel` [B, H, T, k] ascending."""
@@ -166,7 +142,7 @@ if triton is not None:
                  out.to(O.dtype.element_ty), mask=q_ok[:, None])
 
 
-def kernel_video_attention(ops: RowOperands, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
+def kernel_video_attention(ops: SageOperands, num_prefix: int, starts: torch.Tensor, sizes: torch.Tensor,
                            sel: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Fill the video rows of `out` [B, S, H, D] (unit last stride) with the rule through the Triton kernel."""
     b, h, s, d = ops.q8.shape

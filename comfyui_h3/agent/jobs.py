@@ -13,7 +13,7 @@ from ..backend.media.mask_raster import empty_state
 from .schema import ArgumentError, input_spec, widget_property
 
 H3_LOADER_OPTIONS = ("device", "dtype", "attention", "sp_degree", "gpus", "adaln_cache", "weights", "resident_blocks",
-                     "vsa_topk", "vsa_dense_steps", "student")
+                     "vsa_topk", "vsa_dense_steps", "student", "attention_precision")
 SEEDVR2_LOADER_OPTIONS = ("vae", "variant", "device", "dtype", "attention", "sp_degree", "gpus", "weights",
                           "resident_blocks")
 SAMPLE_OPTIONS = ("seconds", "width", "height", "steps", "seed", "video_shift", "audio_shift", "schedule", "step_cache")

@@ -327,8 +327,8 @@ def test_bench_dry_run():
     """bench/vsa.py --tiny: every part of the H200 benchmark runs (tiny config, CPU, torch fallback), so a GPU run
     does not fail on a slip in the script."""
     done = subprocess.run([sys.executable, os.path.join(REPO_DIR, "bench", "vsa.py"), "--tiny", "--seconds", "6", "5",
-                           "--iters", "1", "--fp8", "--steps", "8", "--dense-first", "0.25"], capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                           "--iters", "1", "--fp8", "--sage", "--steps", "8", "--dense-first", "0.25"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
@@ -338,6 +338,7 @@ def test_bench_dry_run():
     assert plan["edge_tiles"] > 0 and 0 < plan["topk_tiles"] < plan["video_tiles"]
     assert 0 < block["block_rel_err_vsa_vs_dense"] < 0.05 and block["vsa_block_ms"] > 0
     assert block["vsa_fp8_block_ms"] > 0  # the emulated FP8 GEMMs on the CPU
+    assert block["vsa_sage_block_ms"] > 0 and 0 < attention["vsa_sage_attention_rel_vs_vsa"] < 0.06  # the CPU rule
     assert 0 < attention["attended_fraction"] < 1 and attention["all_tiles_rel_err_vs_dense"] < 1e-5
     # 2 of the 8 steps dense, 6 sparse, each forward 50 blocks
     want = 2 * 50 * block["dense_block_ms"] / 1e3 + 6 * 50 * block["vsa_block_ms"] / 1e3

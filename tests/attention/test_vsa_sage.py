@@ -2,6 +2,7 @@
 float64 computation written apart from it, its distance from the exact VSA rule, the CPU path, the Triton kernel
 through Triton's interpreter (its indexing: prefix blocks, selected tiles, edge tiles) and on an FP8 GPU."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -16,7 +17,9 @@ from comfyui_h3.backend.attention import vsa_sage
 from comfyui_h3.backend.attention.dispatch import _sdpa
 from comfyui_h3.backend.attention.sage_rule import FP8
 from comfyui_h3.backend.attention.vsa_kernel import reference as vsa_reference, select_tiles
+from comfyui_h3.backend.attention.registry import AttentionSpec
 from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
+from comfyui_h3.backend.pipelines.h3.request import H3Request
 from triton_interpreter import require_interpreter
 
 
@@ -32,7 +35,8 @@ def flat_plan(num_prefix, grid, topk):
 
 def test_rows_get_their_own_int8_scale():
     x = torch.tensor([[[[1.0, -2.0, 0.5, 254.0]], [[0.0, 0.0, 0.0, 0.0]], [[-0.3, 0.1, 0.2, 0.0]]]])  # [1, 3, 1, 4]
-    codes, scale = vsa_sage.int8_rows(x)
+    ops = vsa_sage.quantize(x, torch.zeros_like(x), x)
+    codes, scale = ops.q8, ops.q_scale
     assert codes.shape == (1, 1, 3, 4) and codes.dtype == torch.int8 and scale.shape == (1, 1, 3)
     assert scale[0, 0].tolist() == pytest.approx([2.0, 1.0, 0.3 / 127])  # a zero row: scale 1
     assert codes[0, 0, 0].tolist() == [0, -1, 0, 127]  # 0.5 and 1 / 2 round half to even
@@ -120,7 +124,8 @@ _KERNEL = textwrap.dedent("""
         # mean of its attended V rows, which checks the indexing (prefix blocks, gathered tiles, edge masks) tightly
         ops = vsa_sage.quantize(torch.zeros_like(q), k, v)
         vsa_sage.kernel_video_attention(ops, prefix, starts, sizes, sel, out)
-        assert float((out[:, prefix:].double() - vsa_sage.attend_video(ops, prefix, starts, sizes, sel)).abs().max()) < 1e-5
+        want = vsa_sage.attend_video(ops, prefix, starts, sizes, sel)
+        assert float((out[:, prefix:].double() - want).abs().max()) < 1e-5
     print("ok")
 """)
 
@@ -151,6 +156,79 @@ def test_kernel_on_the_gpu_equals_the_float64_rule(num_prefix, grid):
     ops = vsa_sage.quantize(q, k, v)
     starts, sizes, _ = plan.tables(q.device)
     sel = select_tiles(q, k, num_prefix, plan.tile_sizes, plan.topk)
-    cpu = vsa_sage.RowOperands(*(t.cpu() for t in (ops.q8, ops.q_scale, ops.k8, ops.k_scale, ops.v8, ops.v_scale)))
+    names = ("q8", "q_scale", "k8", "k_scale", "v8", "v_scale")
+    cpu = dataclasses.replace(ops, **{name: getattr(ops, name).cpu() for name in names})
     want = vsa_sage.attend_video(cpu, num_prefix, starts.cpu(), sizes.cpu(), sel.cpu())
     assert rel(got[:, num_prefix:].cpu(), want) < 3e-3  # bf16 output, exp2 vs exp, a P now and then to the next e4m3
+
+
+# -- the option: settings, backend, loader widget, CLI, the tiny model ------------------------------------------------
+
+def test_precision_is_a_vsa_setting_named_only_when_not_bf16():
+    from comfyui_h3.backend.attention.registry import AttentionSpec, get_backend
+
+    sage = VSASettings(precision="sage")
+    assert sage.spec() == "topk=0.1,dense=0.25,precision=sage" and VSASettings().spec() == "topk=0.1,dense=0.25"
+    assert VSASettings.parse("topk=0.2, precision=sage") == VSASettings(0.2, 0.25, "sage")
+    assert AttentionSpec.parse("vsa:precision=sage") == AttentionSpec("vsa", sage)
+    for bad in ("precision=fp4", "precision"):
+        with pytest.raises(ValueError, match="VSA"):
+            VSASettings.parse(bad)
+    assert get_backend("vsa:precision=sage").name == "vsa:topk=0.1,dense=0.25,precision=sage"
+    assert get_backend("vsa").check_device is None  # bf16 runs wherever the bf16 VSA runs
+    assert str(AttentionSpec("vsa", sage)) == "vsa:topk=0.1,dense=0.25,precision=sage"  # what the manifest records
+
+
+def test_sage_precision_is_refused_on_gpus_without_fp8(monkeypatch):
+    from comfyui_h3.backend.parallel.context import ParallelContext
+    from comfyui_h3.backend.runtime import Runtime
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match=r"VSA at precision sage needs FP8 .*A100.*: choose precision bf16"):
+        Runtime.make("cuda:0", ParallelContext(), "vsa:precision=sage", "bfloat16")
+    assert Runtime.make("cpu", ParallelContext(), "vsa:precision=sage", "float32").attention.name.endswith("sage")
+
+
+def test_loader_appends_the_precision_widget_last(tiny_h3_dir, monkeypatch):
+    from comfyui_h3.nodes import loader
+
+    optional = loader.H3ModelLoader.INPUT_TYPES()["optional"]
+    assert list(optional)[-1] == "attention_precision"  # after every widget saved workflows know
+    kind, opts = optional["attention_precision"]
+    assert kind == ["bf16", "sage"] and opts["default"] == "bf16" and "lossy" in opts["tooltip"]
+    monkeypatch.setattr(loader, "ensure_tiny_model", lambda: tiny_h3_dir)
+    load = loader.H3ModelLoader().load
+    attention = load(loader.TINY_NAME, "cpu", "float32", "vsa", attention_precision="sage")[0].config.attention
+    assert attention == AttentionSpec("vsa", VSASettings(precision="sage"))
+    assert str(load(loader.TINY_NAME, "cpu", "float32", "sdpa", attention_precision="sage")[0].config.attention) \
+        == "sdpa"  # ignored by the other kernels, as the tooltip says
+
+
+def test_cli_precision_flag(monkeypatch):
+    from cli_engine_configs import engine_configs_for
+    from comfyui_h3.cli import _parser
+    from comfyui_h3.cli_generate import attention_spec
+
+    request = H3Request(prompt="x", num_frames=124, steps=3, seed=9, width=128, height=64, decode=False)
+    configs = engine_configs_for(monkeypatch, ["--attention", "vsa", "--attention-precision", "sage"], request)
+    assert configs and all(str(c.attention) == "vsa:topk=0.1,dense=0.25,precision=sage" for c in configs)
+    with pytest.raises(ValueError, match="need --attention vsa"):
+        attention_spec(_parser().parse_args(["generate", "--prompt", "x", "--attention-precision", "sage"]))
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["generate", "--prompt", "x", "--attention", "vsa", "--attention-precision", "fp4"])
+
+
+@pytest.mark.slow
+def test_tiny_t2va_at_sage_precision_stays_near_bf16_vsa(tiny_h3_dir):
+    from comfyui_h3.backend.pipelines.h3.family import h3_config
+
+    def run(spec):
+        request = H3Request(prompt="thunder over hills", num_frames=124, steps=3, seed=9, width=128, height=64,
+                            decode=False)
+        return h3_config(str(tiny_h3_dir), dtype="float32", attention=spec).build_pipeline(0).run(request)
+
+    exact, sage = run("vsa:topk=2,dense=1"), run("vsa:topk=2,dense=1,precision=sage")
+    for key in ("video_latents", "audio_latents"):
+        err = rel(getattr(sage, key), getattr(exact, key))
+        assert 0 < err < 1e-2, (key, err)  # lossy on the two sparse steps, near the bf16 rule

@@ -54,8 +54,8 @@ def h3_config(model_dir: str, *, dtype: str = "bfloat16", vae_dtype: str = "floa
 
 
 def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | None = None,
-                  vsa_dense_steps: float | None = None, adaln_cache: bool = False, weights: str = "bf16",
-                  resident_blocks="all", **config) -> EngineConfig:
+                  vsa_dense_steps: float | None = None, attention_precision: str | None = None,
+                  adaln_cache: bool = False, weights: str = "bf16", resident_blocks="all", **config) -> EngineConfig:
     """The H3 engine config for the loader's choices, each checked by its option's rule: the one builder H3 Model
     Loader and generate / edit / extend share. `config`: h3_config's other arguments (dtype, device, world_size,
     executor, ray_address, student, files, ...)."""
@@ -63,8 +63,8 @@ def engine_config(model_dir: str, *, attention: str = "sdpa", vsa_topk: float | 
     placement, resident = parse_resident_blocks(resident_blocks)  # its rule: a ValueError naming it
     policy = H3WeightPolicy(storage=WEIGHT_FORMATS[weights], placement=placement,
                             adaln="cache" if adaln_cache else "direct", resident_blocks=resident)
-    return h3_config(model_dir, attention=engine_attention(attention, vsa_topk, vsa_dense_steps), weights=policy,
-                     **config)
+    return h3_config(model_dir, attention=engine_attention(attention, vsa_topk, vsa_dense_steps, attention_precision),
+                     weights=policy, **config)
 
 
 class H3Family:

@@ -6,6 +6,7 @@ is one Option here, and its field where its stage reads it."""
 from __future__ import annotations
 
 from ...attention.registry import AttentionSpec, available as attention_backends
+from ...attention.vsa_plan import PRECISIONS
 from ...engine_config import DTYPES
 from ...options import SEED, Option, OptionTable, resident_blocks_option
 from . import step_cache
@@ -129,13 +130,19 @@ ENGINE = OptionTable(
                  "steps run with dense attention before the sparse ones. Below 1: a fraction of the steps (0.25 = "
                  "the first quarter); 1 or more: a step count.",
                  "steps run dense first, a count (>= 1) or a fraction of the steps (< 1; default 0.25)."),
+    Option("attention_precision", "choice", "bf16", choices=PRECISIONS, stage="engine", node="optional",
+           tooltip="With attention vsa: the operands of its sparse steps. bf16: the activations' dtype. sage: INT8 "
+                   "Q.K^T and FP8 P.V (SAGE-style; lossy, faster on GPUs with FP8 tensor cores: RTX 40xx, L4/L40, "
+                   "H100/H200 or newer; refused on others). The dense steps stay exact. Ignored by the other "
+                   "attention kernels (the dense quantised one is attention sage).",
+           help="With --attention vsa: bf16 (default) or sage (INT8 Q.K^T, FP8 P.V on the sparse steps; lossy)."),
 )
 
 
-def engine_attention(attention: str = "sdpa", vsa_topk: float | None = None,
-                     vsa_dense_steps: float | None = None) -> AttentionSpec:
-    """The engine config's attention for the attention option and, with vsa, its two settings (None: the defaults);
-    the settings mean nothing to the other backends and are ignored there."""
+def engine_attention(attention: str = "sdpa", vsa_topk: float | None = None, vsa_dense_steps: float | None = None,
+                     attention_precision: str | None = None) -> AttentionSpec:
+    """The engine config's attention for the attention option and, with vsa, its three settings (None: the
+    defaults); the settings mean nothing to the other backends and are ignored there."""
     from ...attention import vsa
 
     ENGINE["attention"].check(attention)
@@ -143,5 +150,6 @@ def engine_attention(attention: str = "sdpa", vsa_topk: float | None = None,
         return AttentionSpec(attention)
     topk = ENGINE["vsa_topk"].default if vsa_topk is None else vsa_topk
     dense = ENGINE["vsa_dense_steps"].default if vsa_dense_steps is None else vsa_dense_steps
-    ENGINE.check({"vsa_topk": topk, "vsa_dense_steps": dense})
-    return vsa.spec(topk, dense)
+    precision = ENGINE["attention_precision"].default if attention_precision is None else attention_precision
+    ENGINE.check({"vsa_topk": topk, "vsa_dense_steps": dense, "attention_precision": precision})
+    return vsa.spec(topk, dense, precision)
