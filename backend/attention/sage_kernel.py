@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from .sage_quant_kernel import fp8_channels, int8_blocks
-from .sage_rule import BLOCK_M, BLOCK_N, FP8_MAX, SageOperands, SageSettings, quantize
+from .sage_quant_kernel import fp8_channels, int8_blocks, int8_rows
+from .sage_rule import BLOCK_M, BLOCK_N, FP8_MAX, SageOperands, SageSettings, divide_rn, quantize
 
 try:  # Triton is optional: the CPU path runs the rule in torch (sage_rule.attend_quantized)
     import triton
@@ -25,7 +25,7 @@ MIN_CAPABILITY = (8, 9)  # Ada / Hopper / Blackwell: FP8 e4m3 MMA
 # The Triton quantisers (quantize_on_gpu: 2.8 ms at the 10-s shape on an H100, the torch passes 38 ms). On the H100
 # their int8 codes and scales differed from the torch rule's in a few blocks by one ulp of the scale: torch's CUDA
 # division by a Python number multiplies by its reciprocal, the kernel divides (IEEE). The rule now divides too
-# (sage_rule._divide); until test_sage.py::test_the_triton_quantisers_equal_the_torch_rule_bitwise has passed on a GPU
+# (sage_rule.divide_rn); until test_sage.py::test_the_triton_quantisers_equal_the_torch_rule_bitwise has passed on a GPU
 # with that change the torch passes stay the default.
 TRITON_QUANTISERS = False
 
@@ -119,10 +119,10 @@ def quantize_on_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: 
                     block_n: int = BLOCK_N) -> SageOperands:
     """sage_rule.quantize, bit for bit, with one Triton pass per tensor (sage_quant_kernel.py)."""
     mean = k.mean(dim=1, dtype=torch.float32)  # [B, H, D]: the same call as the torch rule's
-    q8, q_scale = int8_blocks(q, block_m)
-    k8, k_scale = int8_blocks(k, block_n, mean)
+    q8, q_scale = int8_rows(q) if block_m == 1 else int8_blocks(q, block_m)
+    k8, k_scale = int8_rows(k, mean) if block_n == 1 else int8_blocks(k, block_n, mean)
     low, high = torch.aminmax(v, dim=1)
-    v_scale = torch.maximum(high.float(), -low.float()) / FP8_MAX
+    v_scale = divide_rn(torch.maximum(high.float(), -low.float()), FP8_MAX)
     v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
     v8 = fp8_channels(v, block_n, v_scale)
     return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n)

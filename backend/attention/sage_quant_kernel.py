@@ -31,17 +31,28 @@ if triton is not None:
 
     @triton.jit
     def _int8_blocks(X, MEAN, OUT, SCALE, stride_b, stride_s, stride_h, H, seq, n_blocks,
-                     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr):
+                     HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, PER_ROW: tl.constexpr):
+        # PER_ROW: a scale per row (the rule's blocks of one row), OUT [B, H, seq, D] and SCALE [B, H, seq] unpadded;
+        # else one scale per BLOCK rows, OUT zero-padded to n_blocks * BLOCK rows.
         x, blk, bh, rows, dims, valid = _program_rows(X, stride_b, stride_s, stride_h, H, seq, HEAD_DIM, BLOCK)
         if SMOOTH:
             x = tl.where(valid, x - tl.load(MEAN + bh * HEAD_DIM + dims)[None, :], 0.0)
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
-        y = tl.math.div_rn(x, tl.zeros([BLOCK, HEAD_DIM], tl.float32) + scale)
+        if PER_ROW:
+            amax = tl.max(tl.abs(x), axis=1)
+            scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+            y = tl.math.div_rn(x, tl.zeros([BLOCK, HEAD_DIM], tl.float32) + scale[:, None])
+        else:
+            amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+            scale = tl.where(amax > 0, tl.math.div_rn(amax, 127.0), 1.0)
+            y = tl.math.div_rn(x, tl.zeros([BLOCK, HEAD_DIM], tl.float32) + scale)
         y = (y + 12582912.0) - 12582912.0
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
-        tl.store(OUT + bh * n_blocks * BLOCK * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8))
-        tl.store(SCALE + bh * n_blocks + blk, scale)
+        if PER_ROW:
+            tl.store(OUT + bh * seq * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8), mask=valid)
+            tl.store(SCALE + bh * seq + rows, scale, mask=rows < seq)
+        else:
+            tl.store(OUT + bh * n_blocks * BLOCK * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8))
+            tl.store(SCALE + bh * n_blocks + blk, scale)
 
     @triton.jit
     def _fp8_channels(V, SCALE, OUT, stride_b, stride_s, stride_h, H, seq, seq_pad,
@@ -49,7 +60,8 @@ if triton is not None:
         x, blk, bh, rows, dims, _ = _program_rows(V, stride_b, stride_s, stride_h, H, seq, HEAD_DIM, BLOCK)
         scale = tl.load(SCALE + bh * HEAD_DIM + dims)
         y = tl.math.div_rn(x, tl.zeros([BLOCK, HEAD_DIM], tl.float32) + scale[None, :])
-        tl.store(OUT + bh * HEAD_DIM * seq_pad + dims[None, :] * seq_pad + rows[:, None], y.to(tl.float8e4nv))
+        tl.store(OUT + bh * HEAD_DIM * seq_pad + dims[None, :] * seq_pad + rows[:, None], y.to(tl.float8e4nv),
+                 mask=(rows < seq_pad)[:, None])
 
 
 def int8_blocks(x: torch.Tensor, block: int, mean: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,15 +72,31 @@ def int8_blocks(x: torch.Tensor, block: int, mean: torch.Tensor | None = None) -
     scale = torch.empty((b, h, n), dtype=torch.float32, device=x.device)
     smooth = mean is not None
     _int8_blocks[(n, b * h)](x, mean.contiguous() if smooth else scale, out, scale, x.stride(0), x.stride(1),
-                             x.stride(2), h, s, n, HEAD_DIM=d, BLOCK=block, SMOOTH=smooth, num_warps=8)
+                             x.stride(2), h, s, n, HEAD_DIM=d, BLOCK=block, SMOOTH=smooth, PER_ROW=False, num_warps=8)
+    return out, scale
+
+
+def int8_rows(x: torch.Tensor, mean: torch.Tensor | None = None, program_rows: int = 128
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_int8_blocks(x - mean, 1) in one pass (a scale per row): int8 [B, H, S, D], fp32 [B, H, S];
+    `program_rows` rows per program."""
+    b, s, h, d = x.shape
+    out = torch.empty((b, h, s, d), dtype=torch.int8, device=x.device)
+    scale = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
+    smooth = mean is not None
+    _int8_blocks[(-(-s // program_rows), b * h)](x, mean.contiguous() if smooth else scale, out, scale, x.stride(0),
+                                                 x.stride(1), x.stride(2), h, s, 0, HEAD_DIM=d, BLOCK=program_rows,
+                                                 SMOOTH=smooth, PER_ROW=True, num_warps=8)
     return out, scale
 
 
 def fp8_channels(v: torch.Tensor, block: int, scale: torch.Tensor) -> torch.Tensor:
-    """v / scale as e4m3 [B, H, D, n * block], zero-padded; scale [B, H, D] fp32."""
+    """v / scale as e4m3 [B, H, D, n * block], zero-padded; scale [B, H, D] fp32. Programs of `block` rows (at least
+    128: blocks of one row, the VSA rule's, are not one program each)."""
     b, s, h, d = v.shape
-    n = -(-s // block)
-    out = torch.empty((b, h, d, n * block), dtype=torch.float8_e4m3fn, device=v.device)
-    _fp8_channels[(n, b * h)](v, scale.contiguous(), out, v.stride(0), v.stride(1), v.stride(2), h, s, n * block,
-                              HEAD_DIM=d, BLOCK=block, num_warps=4)
+    seq_pad = -(-s // block) * block
+    rows = max(block, 128)
+    out = torch.empty((b, h, d, seq_pad), dtype=torch.float8_e4m3fn, device=v.device)
+    _fp8_channels[(-(-seq_pad // rows), b * h)](v, scale.contiguous(), out, v.stride(0), v.stride(1), v.stride(2), h,
+                                                s, seq_pad, HEAD_DIM=d, BLOCK=rows, num_warps=4)
     return out

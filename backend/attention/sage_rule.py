@@ -75,7 +75,7 @@ class SageOperands:
     block_n: int = BLOCK_N
 
 
-def _divide(x: torch.Tensor, by: float) -> torch.Tensor:
+def divide_rn(x: torch.Tensor, by: float) -> torch.Tensor:
     """x / by rounded once (IEEE): torch's CUDA division by a Python number multiplies by its reciprocal (1 ulp off
     at times), which would make the scales depend on the device and differ from the Triton quantisers'."""
     return x / torch.full_like(x, by)
@@ -88,7 +88,7 @@ def quantize_int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, tor
     n = -(-s // block)
     xf = x.transpose(1, 2).float()
     padded = torch.nn.functional.pad(xf, (0, 0, 0, n * block - s)).view(b, h, n, block, d)
-    scale = _divide(padded.abs().amax(dim=(-1, -2)), INT8_MAX)
+    scale = divide_rn(padded.abs().amax(dim=(-1, -2)), INT8_MAX)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round(padded / scale[..., None, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q.view(b, h, n * block, d).contiguous(), scale  # (no padding: the ops above kept x's strides)
@@ -98,7 +98,7 @@ def quantize_v_fp8(v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
     """[B, S, H, D] -> (e4m3 [B, H, D, n * block] zero-padded, fp32 per-channel scales [B, H, D])."""
     s = v.shape[1]
     vf = v.float()
-    scale = _divide(vf.abs().amax(dim=1), FP8_MAX)  # [B, H, D]
+    scale = divide_rn(vf.abs().amax(dim=1), FP8_MAX)  # [B, H, D]
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     v8 = torch.nn.functional.pad((vf / scale[:, None]).permute(0, 2, 3, 1), (0, -(-s // block) * block - s))
     return v8.to(FP8).contiguous(), scale

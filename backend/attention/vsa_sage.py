@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from . import sage_rule
+from . import sage_kernel, sage_rule
 from .sage_kernel import LOG2E, fp8_capable
 from .sage_rule import FP8, FP8_MAX, SageOperands
 from .vsa_kernel import select_tiles
@@ -35,7 +35,10 @@ KERNEL_CONFIG = {"num_warps": 4, "num_stages": 3}  # the bf16 pointer kernel's (
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> SageOperands:
     """The rule's operands from q, k, v [B, S, H, D] (module docstring): sage_rule's quantisers with blocks of one row,
-    so q_scale and k_scale are [B, H, S]."""
+    so q_scale and k_scale are [B, H, S] -- on CUDA the Triton passes where sage_kernel.TRITON_QUANTISERS says (bit
+    for bit the same)."""
+    if q.is_cuda and sage_kernel.TRITON_QUANTISERS:
+        return sage_kernel.quantize_on_gpu(q, k, v, block_m=1, block_n=1)
     return sage_rule.quantize(q, k, v, block_m=1, block_n=1)
 
 

@@ -219,12 +219,13 @@ def test_the_tiny_model_runs_with_sage_near_the_exact_path(tiny_h3_dir):
 
 @needs_fp8_gpu
 @pytest.mark.parametrize("s", [64, 4133])
-def test_the_triton_quantisers_equal_the_torch_rule_bitwise(s):
+@pytest.mark.parametrize("blocks", [(rule.BLOCK_M, rule.BLOCK_N), (1, 1)], ids=["blocks", "rows"])
+def test_the_triton_quantisers_equal_the_torch_rule_bitwise(s, blocks):
     g = torch.Generator(device="cuda").manual_seed(s)
     fused = torch.randn(1, s, 3, 8, 128, device="cuda", generator=g).to(torch.bfloat16)
     q, k, v = fused.unbind(2)  # strided views, as the DiT's fused qkv gives
     k = k + 3
-    want, got = rule.quantize(q, k, v), sage_kernel.quantize_on_gpu(q, k, v)
+    want, got = rule.quantize(q, k, v, *blocks), sage_kernel.quantize_on_gpu(q, k, v, *blocks)
     for name in ("q8", "q_scale", "k8", "k_scale", "v8", "v_scale"):
         a, b = getattr(want, name), getattr(got, name)
         assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.dtype == rule.FP8

@@ -25,11 +25,14 @@ _QUANTISERS = textwrap.dedent("""
         torch.manual_seed(s)
         q, k, v = torch.randn(1, s, 3, 2, 64).to(torch.bfloat16).unbind(2)  # strided views, as fused qkv gives
         k = k + 2
-        want, got = sage_rule.quantize(q, k, v), sage_kernel.quantize_on_gpu(q, k, v)
-        for name in ("q8", "q_scale", "k8", "k_scale", "v_scale"):
-            assert torch.equal(getattr(want, name), getattr(got, name)), (s, name)
-        same = (want.v8.float() == got.v8.float()).float().mean().item()
-        assert same > 0.9 and torch.all(got.v8.float()[..., s:] == 0), (s, same)  # the interpreter's e4m3 edges
+        for blocks in ((sage_rule.BLOCK_M, sage_rule.BLOCK_N), (1, 1)):  # the dense rule's blocks; VSA's rows
+            want, got = sage_rule.quantize(q, k, v, *blocks), sage_kernel.quantize_on_gpu(q, k, v, *blocks)
+            for name in ("q8", "q_scale", "k8", "k_scale", "v_scale"):
+                a, b = getattr(want, name), getattr(got, name)
+                assert a.shape == b.shape and torch.equal(a, b), (s, blocks, name)
+            same = (want.v8.float() == got.v8.float()).float().mean().item()
+            assert want.v8.shape == got.v8.shape and same > 0.9, (s, blocks, same)  # the interpreter's e4m3 edges
+            assert torch.all(got.v8.float()[..., s:] == 0), (s, blocks)
     print("ok")
 """)
 
