@@ -12,8 +12,8 @@ import torch
 from . import vsa_sage
 from .dispatch import _sdpa_cudnn_first
 from .registry import AttentionBackend, AttentionSpec, register
-from .vsa_kernel import add_coarse_, sparse_attention
 from .sage import check_device as check_fp8_device
+from .vsa_kernel import add_coarse_, sparse_attention
 from .vsa_plan import VSASettings, make_plan
 
 
