@@ -23,3 +23,12 @@ def assert_compiled_equals_eager(eager, compiled, layout, plan, tol=1e-5):
             want = eager(*args, attention_plan=step_plan)
             got = compiled(*args, attention_plan=step_plan)
             assert rel_err(got[0], want[0]) <= tol and rel_err(got[1], want[1]) <= tol
+
+
+def flat_plan(num_prefix, grid, topk):
+    """A VSA plan over rows already in tile order (the kernels' input) -> (plan, rows)."""
+    from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
+
+    _, sizes = tile_order(grid)
+    s = num_prefix + int(sizes.sum())
+    return VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=topk)), s

@@ -15,11 +15,11 @@ from comfyui_h3.backend.attention.dispatch import _sdpa
 from comfyui_h3.backend.attention.registry import AttentionSpec, available, get_backend
 from comfyui_h3.backend.attention.vsa_kernel import (reference, select_tiles, sparse_attention, triton,
                                                    triton_video_attention)
-from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, make_plan, tile_order
+from comfyui_h3.backend.attention.vsa_plan import VSASettings, make_plan
 from comfyui_h3.backend.pipelines.h3.family import h3_config
 from comfyui_h3.backend.pipelines.h3.layout import ReferenceBlock, build_layout, build_reference_layout
 from comfyui_h3.backend.pipelines.h3.request import H3Request
-from vsa_forward import assert_compiled_equals_eager
+from vsa_forward import assert_compiled_equals_eager, flat_plan
 from triton_interpreter import require_interpreter
 
 # (prefix rows, latent grid (t, h, w)): no prefix, a long prefix over several blocks, edge tiles on every axis
@@ -28,13 +28,6 @@ SHAPES = [(0, (8, 4, 8)), (70, (5, 6, 7)), (300, (3, 9, 4)), (130, (8, 4, 5))]
 
 def rel_err(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def flat_plan(num_prefix, grid, topk):
-    """A plan over rows already in tile order (the kernels' input)."""
-    _, sizes = tile_order(grid)
-    s = num_prefix + int(sizes.sum())
-    return VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=topk)), s
 
 
 def fp32_dense(q, k, v):

@@ -18,19 +18,14 @@ from comfyui_h3.backend.attention.dispatch import _sdpa
 from comfyui_h3.backend.attention.sage_rule import FP8
 from comfyui_h3.backend.attention.vsa_kernel import reference as vsa_reference, select_tiles
 from comfyui_h3.backend.attention.registry import AttentionSpec
-from comfyui_h3.backend.attention.vsa_plan import VSAPlan, VSASettings, tile_order
+from comfyui_h3.backend.attention.vsa_plan import VSASettings
 from comfyui_h3.backend.pipelines.h3.request import H3Request
 from triton_interpreter import require_interpreter
+from vsa_forward import flat_plan
 
 
 def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
-
-
-def flat_plan(num_prefix, grid, topk):
-    _, sizes = tile_order(grid)
-    s = num_prefix + int(sizes.sum())
-    return VSAPlan(torch.arange(s), torch.arange(s), num_prefix, sizes, grid, VSASettings(topk=topk)), s
 
 
 def test_rows_get_their_own_int8_scale():
