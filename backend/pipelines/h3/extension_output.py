@@ -48,5 +48,9 @@ class ExtensionOutput:
         self.sink.close()
         return self.frames
 
+    def check(self) -> None:
+        """Raise now if the sink has failed (a full disk): the caller stops before its next costly step."""
+        self.sink.check()
+
     def abort(self) -> None:
         self.sink.abort()

@@ -104,7 +104,7 @@ def run_extend(pipe, req, on_step: StepCallback | None = None,
             output.append(src.video_latents, audio_parts[0])
         for k, win in enumerate(windows):
             if output is not None:  # a failed write (a full disk) ends the run before another window's denoise
-                output.sink.check()
+                output.check()
             text, tags = texts[prompts[k]]
             layout = build_window_layout(tags, win, lh, lw, patch, lock)
             g = win.guide_latent_frames
