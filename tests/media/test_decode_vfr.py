@@ -52,8 +52,9 @@ def _last_shown_packet_duration(path) -> float:
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         packets = [(p.pts, p.duration) for p in container.demux(stream) if p.size]
+        time_base = stream.time_base  # PyAV 18 refuses stream attributes once the container is closed
     pts, duration = max(packets)
-    return float(duration * stream.time_base)
+    return float(duration * time_base)
 
 
 # A pause 3 or 4 frames before the end lands, in decode order, right after the last-shown frame: its packet
