@@ -4,6 +4,7 @@ float64 softmax (query rows sampled; every key) for the kernel, the float64 rule
 
     python bench/sage_attention.py                       # 10-s shape (73,888 rows), 56 x 128 heads, sweep + errors
     python bench/sage_attention.py --rows 36944 --json out.json
+    python bench/sage_attention.py --cpu-errors --error-rows 4133   # the rule's error only, float64 on the CPU
 """
 
 from __future__ import annotations
@@ -35,20 +36,21 @@ def timed(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def inputs(kind: str, rows: int, heads: int, dim: int, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def inputs(kind: str, rows: int, heads: int, dim: int, seed: int, device: str = "cuda"):
+    g = torch.Generator(device=device).manual_seed(seed)
     shape = (1, rows, heads, dim)
     if kind == "gaussian":
-        q, k, v = (torch.randn(shape, device="cuda", generator=g) for _ in range(3))
+        q, k, v = (torch.randn(shape, device=device, generator=g) for _ in range(3))
     elif kind == "heavy_tails":  # Student-t (3 dof) Q and K: a few channels far outside the rest
-        t = torch.distributions.StudentT(torch.tensor(3.0, device="cuda"))
+        torch.manual_seed(seed)
+        t = torch.distributions.StudentT(torch.tensor(3.0, device=device))
         q, k = t.sample(shape), t.sample(shape)
-        v = torch.randn(shape, device="cuda", generator=g)
+        v = torch.randn(shape, device=device, generator=g)
     elif kind == "k_mean":  # K with a large per-channel mean over the sequence (what the smoothing is for)
-        q, k, v = (torch.randn(shape, device="cuda", generator=g) for _ in range(3))
-        k = k + 8 * torch.randn((1, 1, heads, dim), device="cuda", generator=g)
+        q, k, v = (torch.randn(shape, device=device, generator=g) for _ in range(3))
+        k = k + 8 * torch.randn((1, 1, heads, dim), device=device, generator=g)
     elif kind == "peaked":  # sharp attention: Q scaled up
-        q, k, v = (torch.randn(shape, device="cuda", generator=g) for _ in range(3))
+        q, k, v = (torch.randn(shape, device=device, generator=g) for _ in range(3))
         q = q * 4
     else:
         raise ValueError(kind)
@@ -67,20 +69,41 @@ def rel(a, b) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def errors(kind: str, rows: int, dim: int, sample_blocks: int) -> dict:
+def errors(kind: str, rows: int, dim: int, sample_blocks: int, scales: str, device: str = "cuda") -> dict:
+    """The error table's row for one input kind and scale granularity; on the CPU only the float64 rule's."""
     heads = 2  # the rule is per head; two heads of the released shape keep float64 within memory
-    q, k, v = inputs(kind, rows, heads, dim, seed=1)
-    ops = rule.quantize(q, k, v)
+    q, k, v = inputs(kind, rows, heads, dim, seed=1, device=device)
+    ops = rule.quantize(q, k, v, scales=scales)
+    settings = rule.SageSettings(scales=scales)
     blocks = slice(0, sample_blocks)
-    idx = torch.arange(0, min(sample_blocks * rule.BLOCK_M, rows), device="cuda")
+    idx = torch.arange(0, min(sample_blocks * rule.BLOCK_M, rows), device=device)
     want = exact_rows(q, k, v, idx)
-    kernel = sage_kernel.attend_operands(ops, rule.SageSettings(), torch.empty(q.shape, dtype=torch.float32,
-                                                                                 device="cuda"))[:, idx]
-    reference = rule.attend_quantized(ops, query_blocks=blocks)
-    bf16 = _sdpa_cudnn_first_eager(q, k, v)[:, idx]
-    return {"inputs": kind, "rows": rows, "sampled_query_rows": int(idx.numel()), "heads": heads,
-            "kernel_vs_exact": rel(kernel, want), "rule_f64_vs_exact": rel(reference, want),
-            "kernel_vs_rule_f64": rel(kernel, reference), "bf16_sdpa_vs_exact": rel(bf16, want)}
+    reference = rule.attend_quantized(ops, settings, query_blocks=blocks)
+    row = {"inputs": kind, "scales": scales, "rows": rows, "sampled_query_rows": int(idx.numel()), "heads": heads,
+           "rule_f64_vs_exact": rel(reference, want)}
+    if device == "cuda":
+        kernel = sage_kernel.attend_operands(ops, settings, torch.empty(q.shape, dtype=torch.float32,
+                                                                        device="cuda"))[:, idx]
+        bf16 = _sdpa_cudnn_first_eager(q, k, v)[:, idx]
+        row.update(kernel_vs_exact=rel(kernel, want), kernel_vs_rule_f64=rel(kernel, reference),
+                   bf16_sdpa_vs_exact=rel(bf16, want))
+    return row
+
+
+def error_table(rows_list: str, dim: int, device: str) -> list[dict]:
+    table = []
+    for rows in (int(r) for r in rows_list.split(",") if r):
+        for kind in ("gaussian", "heavy_tails", "k_mean", "peaked"):
+            for scales in rule.SCALES:
+                table.append(errors(kind, rows, dim, sample_blocks=8, scales=scales, device=device))
+                print(json.dumps(table[-1]), flush=True)
+    return table
+
+
+def write(report: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as fh:
+            json.dump(report, fh, indent=1)
 
 
 def main() -> None:
@@ -91,8 +114,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--error-rows", default="4133,36944,73888")
+    ap.add_argument("--cpu-errors", action="store_true", help="only the float64 rule's error table, on the CPU")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.cpu_errors:
+        write({"device": "cpu", "errors": error_table(args.error_rows, args.dim, "cpu")}, args.json)
+        return
     dev = torch.device("cuda")
     ok, what = sage_kernel.fp8_capable(dev)
     print(f"device: {what}; torch {torch.__version__}; triton {sage_kernel.triton.__version__}", flush=True)
@@ -137,21 +164,18 @@ def main() -> None:
     skip_ops = sage_kernel.quantize_on_gpu(q, k, v, block_n=block_n)
     record("sage_kernel_best_skip_0.001", timed(
         lambda: sage_kernel.attend_operands(skip_ops, rule.SageSettings(0.001), out), args.iters))
+    row_ops = sage_kernel.quantize_on_gpu(q, k, v, block_n=block_n, scales="row")
+    record("sage_kernel_best_scales_row", timed(
+        lambda: sage_kernel.attend_operands(row_ops, rule.SageSettings(scales="row"), out), args.iters))
     t = report["timings_ms"]
     report["ratio_vs_cudnn"] = {"kernel": t[f"sage_kernel_w{warps}_s{stages}_n{block_n}"] / t["cudnn_bf16"],
-                                "quantize_plus_kernel": t["sage_quantize_plus_kernel_best"] / t["cudnn_bf16"]}
+                                "quantize_plus_kernel": t["sage_quantize_plus_kernel_best"] / t["cudnn_bf16"],
+                                "kernel_scales_row": t["sage_kernel_best_scales_row"] / t["cudnn_bf16"]}
     print("ratio vs cuDNN bf16:", report["ratio_vs_cudnn"], flush=True)
-    del q, k, v, out, skip_ops
+    del q, k, v, out, skip_ops, row_ops
     torch.cuda.empty_cache()
-    report["errors"] = []
-    for rows in (int(r) for r in args.error_rows.split(",") if r):
-        for kind in ("gaussian", "heavy_tails", "k_mean", "peaked"):
-            row = errors(kind, rows, args.dim, sample_blocks=8)
-            report["errors"].append(row)
-            print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=1)
+    report["errors"] = error_table(args.error_rows, args.dim, "cuda")
+    write(report, args.json)
 
 
 if __name__ == "__main__":

@@ -265,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     _device_options(u)
     u.add_argument("--sp-degree", type=int, default=1, help="Window-parallel ranks (one GPU each).")
     u.add_argument("--gpus", default="", metavar="IDS|all", help=GPUS_INPUT["gpus"][1]["tooltip"])
-    u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list).")
+    u.add_argument("--attention", default="sdpa", help="Attention backend (see the loader node's list); sage's "
+                   "settings after a colon, e.g. sage:scales=row.")
     seedvr2_options.ENGINE["resident_blocks"].add_flag(u, checked=True, metavar="all|auto|N")
     u.add_argument("--fp8", action="store_true",  # the weights option's fp8 (bf16 without the flag)
                    help="Hold the DiT blocks' matmul weights in FP8 (e4m3, per-channel scales; an fp8 file's as they "

@@ -1,7 +1,8 @@
 """The "sage" attention backend: SAGE-style quantised dense attention (sage_rule.py: the rule; sage_kernel.py: its
 Triton kernel). Lossy and opt-in. On CUDA it needs FP8 tensor cores (compute capability 8.9+) and is refused at
 engine start elsewhere (no silent fallback to another kernel); on the CPU it runs the same rule in torch (float32),
-slow, for the tiny model and for checks. Its settings are a SageSettings ("sage:skip=0.001": Skip-Softmax)."""
+slow, for the tiny model and for checks. Its settings are a SageSettings ("sage:skip=0.001": Skip-Softmax;
+"sage:scales=row": a Q / K scale per row)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def backend(settings: SageSettings) -> AttentionBackend:
                 raise ValueError(f"Attention 'sage' cannot run on {q.device} with head size {q.shape[-1]} (FP8 tensor "
                                  "cores, Triton and a power-of-two head size 16-256 are needed).")
             return sage_attention(q, k, v, settings)
-        return attend_quantized(quantize(q, k, v), settings, dtype=torch.float32).to(q.dtype).contiguous()
+        ops = quantize(q, k, v, scales=settings.scales)
+        return attend_quantized(ops, settings, dtype=torch.float32).to(q.dtype).contiguous()
 
     name = "sage" if settings == SageSettings() else f"sage:{settings.spec()}"
     return AttentionBackend(name, attend, _DESCRIPTION, settings=SageSettings, configure=backend,

@@ -45,11 +45,25 @@ def kernel_supported(q: torch.Tensor) -> bool:
 
 if triton is not None:
     @triton.jit
-    def _tile(q, qk_scale, k_ptrs, vt_ptrs, ks_ptr, keys, acc, m_i, l_i, seq, skip_log2,
-              MASK: tl.constexpr, SKIP: tl.constexpr):
+    def _tile(q, qs, k_ptrs, vt_ptrs, ks_ptr, keys, acc, m_i, l_i, seq, skip_log2, MASK: tl.constexpr,
+              SKIP: tl.constexpr, BLOCK_N: tl.constexpr, K_ROWS: tl.constexpr, Q_VEC: tl.constexpr):
+        # qs: the query rows' scale times d^-1/2 log2(e), one number (a Q block scale) or [BLOCK_M] (row scales, Q_VEC);
+        # ks_ptr: this tile's first K scale (one per tile, or one per K_ROWS rows of it)
         k = tl.load(k_ptrs)  # [BLOCK_N, D] int8
         vt = tl.load(vt_ptrs)  # [D, BLOCK_N] e4m3, the sequence contiguous
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (qk_scale * tl.load(ks_ptr))
+        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
+        if K_ROWS == BLOCK_N:
+            ks = tl.load(ks_ptr)
+            if Q_VEC:
+                s = s * (qs * ks)[:, None]
+            else:
+                s = s * (qs * ks)
+        else:
+            ks = tl.load(ks_ptr + tl.arange(0, BLOCK_N) // K_ROWS)
+            if Q_VEC:
+                s = s * qs[:, None] * ks[None, :]
+            else:
+                s = s * (qs * ks)[None, :]
         if MASK:
             s = tl.where((keys < seq)[None, :], s, float("-inf"))
         tile_max = tl.max(s, 1)
@@ -69,30 +83,33 @@ if triton is not None:
     @triton.jit
     def _sage_fwd(Q8, K8, V8, QS, KS, VS, O, stride_ob, stride_os, stride_oh, H, seq, seq_q, seq_k, n_kblocks,
                   qk_scale, skip_log2, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  TAIL: tl.constexpr, SKIP: tl.constexpr):
+                  TAIL: tl.constexpr, SKIP: tl.constexpr, Q_ROWS: tl.constexpr, K_ROWS: tl.constexpr):
         pid_m = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         dims = tl.arange(0, HEAD_DIM)
         cols = tl.arange(0, BLOCK_N)
         q = tl.load(Q8 + bh * seq_q * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :])
-        qk_scale = qk_scale * tl.load(QS + bh * (seq_q // BLOCK_M) + pid_m)
+        if Q_ROWS == BLOCK_M:
+            qs = qk_scale * tl.load(QS + bh * (seq_q // BLOCK_M) + pid_m)
+        else:  # a scale per Q_ROWS rows
+            qs = qk_scale * tl.load(QS + bh * (seq_q // Q_ROWS) + rows // Q_ROWS)
         k_ptrs = K8 + bh * seq_k * HEAD_DIM + cols[:, None] * HEAD_DIM + dims[None, :]
         vt_ptrs = V8 + bh * HEAD_DIM * seq_k + dims[:, None] * seq_k + cols[None, :]
-        ks_ptr = KS + bh * n_kblocks
+        ks_ptr = KS + bh * (seq_k // K_ROWS)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         n_full = n_kblocks - 1 if TAIL else n_kblocks
         for j in range(0, n_full):
-            acc, m_i, l_i = _tile(q, qk_scale, k_ptrs, vt_ptrs, ks_ptr + j, cols, acc, m_i, l_i, seq, skip_log2,
-                                  False, SKIP)
+            acc, m_i, l_i = _tile(q, qs, k_ptrs, vt_ptrs, ks_ptr + j * (BLOCK_N // K_ROWS), cols, acc, m_i, l_i,
+                                  seq, skip_log2, False, SKIP, BLOCK_N, K_ROWS, Q_ROWS != BLOCK_M)
             k_ptrs += BLOCK_N * HEAD_DIM
             vt_ptrs += BLOCK_N
         if TAIL:
             keys = n_full * BLOCK_N + cols
-            acc, m_i, l_i = _tile(q, qk_scale, k_ptrs, vt_ptrs, ks_ptr + n_full, keys, acc, m_i, l_i, seq,
-                                  skip_log2, True, SKIP)
+            acc, m_i, l_i = _tile(q, qs, k_ptrs, vt_ptrs, ks_ptr + n_full * (BLOCK_N // K_ROWS), keys, acc, m_i,
+                                  l_i, seq, skip_log2, True, SKIP, BLOCK_N, K_ROWS, Q_ROWS != BLOCK_M)
         b = bh // H
         h = bh % H
         vs = tl.load(VS + bh * HEAD_DIM + dims)
@@ -106,30 +123,35 @@ def attend_operands(ops: SageOperands, settings: SageSettings, out: torch.Tensor
     b, h, seq_q, d = ops.q8.shape
     seq_k = ops.k8.shape[2]
     assert FP8_MAX == 448.0 and out.stride(-1) == 1  # the kernel's P scale is the literal 448.0
+    assert ops.block_m % ops.q_rows == 0 and ops.block_n % ops.k_rows == 0, (ops.q_rows, ops.k_rows)
     grid = (seq_q // ops.block_m, b * h)
     skip_log2 = math.log2(settings.skip) if settings.skip > 0 else 0.0
     _sage_fwd[grid](ops.q8, ops.k8, ops.v8, ops.q_scale, ops.k_scale, ops.v_scale, out,
                     out.stride(0), out.stride(1), out.stride(2), h, ops.seq, seq_q, seq_k, seq_k // ops.block_n,
                     d ** -0.5 * LOG2E, skip_log2, HEAD_DIM=d, BLOCK_M=ops.block_m, BLOCK_N=ops.block_n,
-                    TAIL=ops.seq % ops.block_n != 0, SKIP=settings.skip > 0, **KERNEL_CONFIG)
+                    TAIL=ops.seq % ops.block_n != 0, SKIP=settings.skip > 0, Q_ROWS=ops.q_rows, K_ROWS=ops.k_rows,
+                    **KERNEL_CONFIG)
     return out
 
 
 def quantize_on_gpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M,
-                    block_n: int = BLOCK_N) -> SageOperands:
+                    block_n: int = BLOCK_N, scales: str = "block") -> SageOperands:
     """sage_rule.quantize, bit for bit, with one Triton pass per tensor (sage_quant_kernel.py)."""
     mean = k.mean(dim=1, dtype=torch.float32)  # [B, H, D]: the same call as the torch rule's
-    q8, q_scale = int8_rows(q) if block_m == 1 else int8_blocks(q, block_m)
-    k8, k_scale = int8_rows(k, mean) if block_n == 1 else int8_blocks(k, block_n, mean)
+    rows = scales == "row"
+    q8, q_scale = int8_rows(q, pad_to=block_m) if rows or block_m == 1 else int8_blocks(q, block_m)
+    k8, k_scale = int8_rows(k, mean, pad_to=block_n) if rows or block_n == 1 else int8_blocks(k, block_n, mean)
     low, high = torch.aminmax(v, dim=1)
     v_scale = divide_rn(torch.maximum(high.float(), -low.float()), FP8_MAX)
     v_scale = torch.where(v_scale > 0, v_scale, torch.ones_like(v_scale))
     v8 = fp8_channels(v, block_n, v_scale)
-    return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n)
+    q_rows, k_rows = (1, 1) if rows else (block_m, block_n)
+    return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n, q_rows, k_rows)
 
 
 def sage_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: SageSettings = SageSettings()
                    ) -> torch.Tensor:
     """q, k, v [B, S, H, D] on an FP8-capable GPU -> [B, S, H, D] contiguous in q's dtype (the rule, quantised here)."""
-    ops = quantize_on_gpu(q, k, v) if TRITON_QUANTISERS else quantize(q, k, v)
+    scales = settings.scales
+    ops = quantize_on_gpu(q, k, v, scales=scales) if TRITON_QUANTISERS else quantize(q, k, v, scales=scales)
     return attend_operands(ops, settings, torch.empty(q.shape, dtype=q.dtype, device=q.device))

@@ -32,8 +32,9 @@ if triton is not None:
     @triton.jit
     def _int8_blocks(X, MEAN, OUT, SCALE, stride_b, stride_s, stride_h, H, seq, n_blocks,
                      HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, SMOOTH: tl.constexpr, PER_ROW: tl.constexpr):
-        # PER_ROW: a scale per row (the rule's blocks of one row), OUT [B, H, seq, D] and SCALE [B, H, seq] unpadded;
-        # else one scale per BLOCK rows, OUT zero-padded to n_blocks * BLOCK rows.
+        # PER_ROW: a scale per row (the rule's blocks of one row), OUT [B, H, n_blocks, D] and SCALE [B, H, n_blocks]
+        # (n_blocks >= seq rows: the caller fills the padding rows); else one scale per BLOCK rows, OUT zero-padded to
+        # n_blocks * BLOCK rows.
         x, blk, bh, rows, dims, valid = _program_rows(X, stride_b, stride_s, stride_h, H, seq, HEAD_DIM, BLOCK)
         if SMOOTH:
             x = tl.where(valid, x - tl.load(MEAN + bh * HEAD_DIM + dims)[None, :], 0.0)
@@ -48,8 +49,9 @@ if triton is not None:
         y = (y + 12582912.0) - 12582912.0
         y = tl.minimum(tl.maximum(y, -127.0), 127.0)
         if PER_ROW:
-            tl.store(OUT + bh * seq * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8), mask=valid)
-            tl.store(SCALE + bh * seq + rows, scale, mask=rows < seq)
+            tl.store(OUT + bh * n_blocks * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8),
+                     mask=valid)
+            tl.store(SCALE + bh * n_blocks + rows, scale, mask=rows < seq)
         else:
             tl.store(OUT + bh * n_blocks * BLOCK * HEAD_DIM + rows[:, None] * HEAD_DIM + dims[None, :], y.to(tl.int8))
             tl.store(SCALE + bh * n_blocks + blk, scale)
@@ -76,17 +78,18 @@ def int8_blocks(x: torch.Tensor, block: int, mean: torch.Tensor | None = None) -
     return out, scale
 
 
-def int8_rows(x: torch.Tensor, mean: torch.Tensor | None = None, program_rows: int = 128
+def int8_rows(x: torch.Tensor, mean: torch.Tensor | None = None, program_rows: int = 128, pad_to: int = 1
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize_int8_blocks(x - mean, 1) in one pass (a scale per row): int8 [B, H, S, D], fp32 [B, H, S];
-    `program_rows` rows per program."""
+    """quantize_int8_blocks(x - mean, 1, pad_to) in one pass (a scale per row): int8 [B, H, R, D], fp32 [B, H, R],
+    R = S rounded up to a multiple of `pad_to` (padding rows 0 with scale 1); `program_rows` rows per program."""
     b, s, h, d = x.shape
-    out = torch.empty((b, h, s, d), dtype=torch.int8, device=x.device)
-    scale = torch.empty((b, h, s), dtype=torch.float32, device=x.device)
+    padded = -(-s // pad_to) * pad_to
+    out = (torch.zeros if padded > s else torch.empty)((b, h, padded, d), dtype=torch.int8, device=x.device)
+    scale = (torch.ones if padded > s else torch.empty)((b, h, padded), dtype=torch.float32, device=x.device)
     smooth = mean is not None
     _int8_blocks[(-(-s // program_rows), b * h)](x, mean.contiguous() if smooth else scale, out, scale, x.stride(0),
-                                                 x.stride(1), x.stride(2), h, s, 0, HEAD_DIM=d, BLOCK=program_rows,
-                                                 SMOOTH=smooth, PER_ROW=True, num_warps=8)
+                                                 x.stride(1), x.stride(2), h, s, padded, HEAD_DIM=d,
+                                                 BLOCK=program_rows, SMOOTH=smooth, PER_ROW=True, num_warps=8)
     return out, scale
 
 

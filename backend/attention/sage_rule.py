@@ -6,8 +6,11 @@ one scale per block, INT8 QK^T with int32 accumulation) and SageAttention2 (ICML
 one scale per channel, P with the static scale 448 since its online-softmax values lie in [0, 1], and the P.V product
 of each tile accumulated in fp32 outside the MMA: "two-level accumulation"). Per (batch, head):
 - K~ = K - mean_seq(K) (fp32). Softmax is unchanged: Q.mean(K) adds one constant to each score row.
-- Q in blocks of BLOCK_M rows, K~ in blocks of BLOCK_N rows: x8 = round(x / s) in [-127, 127], s = absmax(block)/127.
-- S = (q8 . k8^T) * s_q * s_k * d^-1/2, exactly (integers), per (query block, key block) tile.
+- Q in blocks of BLOCK_M rows, K~ in blocks of BLOCK_N rows: x8 = round(x / s) in [-127, 127], s = absmax(block)/127;
+  with `scales="row"` one scale per row of Q and of K~ instead (the tiles stay BLOCK_M x BLOCK_N): one outlier key
+  then coarsens only its own row's codes, not those of the 127 keys beside it (heavy-tailed inputs).
+- S = (q8 . k8^T) * s_q * s_k * d^-1/2, exactly (integers), per (query block, key block) tile (s_q, s_k the rows'
+  scales: one per block or one per row).
 - Online softmax over the key tiles in order: m = max(m, rowmax S), p = exp(S - m), l = l * exp(m_old - m) + sum(p)
   (l from the unquantised p); acc = acc * exp(m_old - m) + e4m3(p * 448) . v8 (each tile's product a fresh sum).
 - V per channel: v8 = e4m3(v / s_v), s_v = absmax_seq(v) / 448. Output = acc * s_v / (448 * l).
@@ -30,30 +33,38 @@ FP8_MAX = 448.0  # e4m3fn's largest finite value: P's static scale and V's per-c
 FP8 = torch.float8_e4m3fn
 
 
+SCALES = ("block", "row")  # Q / K scale granularity: one per block of the tile (the default), or one per row
+
+
 @dataclass(frozen=True)
 class SageSettings:
     skip: float = 0.0  # Skip-Softmax threshold on exp(tile max - running max); 0: every tile counts
+    scales: str = "block"  # one INT8 scale per Q / K block, or per row ("row": finer for heavy tails)
 
     def __post_init__(self):
         s = self.skip
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s < 1:
             raise ValueError(f"sage skip must be a number in [0, 1) (0: off; e.g. 0.001), got {s!r}.")
+        if self.scales not in SCALES:
+            raise ValueError(f"sage scales must be one of {', '.join(SCALES)}, got {self.scales!r}.")
 
     def spec(self) -> str:
-        return f"skip={self.skip!r}"
+        """The settings that differ from the defaults, as parse reads them ('skip=0.001,scales=row')."""
+        parts = [f"skip={self.skip!r}"] if self.skip else []
+        return ",".join(parts + ([f"scales={self.scales}"] if self.scales != "block" else []))
 
     @classmethod
     def parse(cls, text: str) -> "SageSettings":
-        """'skip=0.001' -> settings; one clear line on anything else."""
+        """'skip=0.001,scales=row' (each key optional) -> settings; one clear line on anything else."""
         values = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, raw = part.partition("=")
+            key, sep, raw = (x.strip() for x in part.partition("="))
             try:
-                if not sep or key.strip() != "skip":
+                if not sep or key not in ("skip", "scales"):
                     raise ValueError
-                values["skip"] = float(raw)
+                values[key] = raw if key == "scales" else float(raw)
             except ValueError:
-                raise ValueError(f"sage option {part!r} is not skip=<number>.") from None
+                raise ValueError(f"sage option {part!r} is not skip=<number> or scales=block|row.") from None
         return cls(**values)
 
 
@@ -61,9 +72,10 @@ class SageSettings:
 class SageOperands:
     """The quantised operands of one attention call over `seq` rows of D channels, as the kernel reads them, each
     zero-padded along the sequence to its block size (so the kernel's loads need no masks; only the last key tile's
-    scores are masked): q8 [B, H, Sq, D] int8, q_scale [B, H, Sq/block_m]; k8 [B, H, Sk, D] int8, k_scale
-    [B, H, Sk/block_n] (fp32 scales); v8 [B, H, D, Sk] e4m3 (transposed: the P.V MMA reads V with the sequence
-    contiguous, as Hopper's FP8 MMA wants its second operand), v_scale [B, H, D] fp32. All contiguous."""
+    scores are masked): q8 [B, H, Sq, D] int8, q_scale [B, H, Sq/q_rows]; k8 [B, H, Sk, D] int8, k_scale
+    [B, H, Sk/k_rows] (fp32 scales; q_rows / k_rows rows per scale, dividing block_m / block_n; padding rows have
+    scale 1); v8 [B, H, D, Sk] e4m3 (transposed: the P.V MMA reads V with the sequence contiguous, as Hopper's FP8
+    MMA wants its second operand), v_scale [B, H, D] fp32. All contiguous."""
     q8: torch.Tensor
     q_scale: torch.Tensor
     k8: torch.Tensor
@@ -73,6 +85,8 @@ class SageOperands:
     seq: int
     block_m: int = BLOCK_M
     block_n: int = BLOCK_N
+    q_rows: int = BLOCK_M
+    k_rows: int = BLOCK_N
 
 
 def divide_rn(x: torch.Tensor, by: float) -> torch.Tensor:
@@ -81,11 +95,14 @@ def divide_rn(x: torch.Tensor, by: float) -> torch.Tensor:
     return x / torch.full_like(x, by)
 
 
-def quantize_int8_blocks(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, S, H, D] (any float) -> (int8 [B, H, n * block, D] zero-padded, fp32 scales [B, H, n]), n = ceil(S/block):
-    one absmax scale per block of `block` rows of a head; an all-zero block gets scale 1 (its values are 0 anyway)."""
+def quantize_int8_blocks(x: torch.Tensor, block: int, pad_to: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, S, H, D] (any float) -> (int8 [B, H, R, D] zero-padded, fp32 scales [B, H, R / block]), R = S rounded up
+    to a multiple of `pad_to` (a multiple of `block`; default `block`): one absmax scale per block of `block` rows of
+    a head; an all-zero block (padding too) gets scale 1 (its values are 0 anyway)."""
     b, s, h, d = x.shape
-    n = -(-s // block)
+    pad_to = pad_to or block
+    assert pad_to % block == 0, (block, pad_to)
+    n = -(-s // pad_to) * pad_to // block
     xf = x.transpose(1, 2).float()
     padded = torch.nn.functional.pad(xf, (0, 0, 0, n * block - s)).view(b, h, n, block, d)
     scale = divide_rn(padded.abs().amax(dim=(-1, -2)), INT8_MAX)
@@ -104,14 +121,16 @@ def quantize_v_fp8(v: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
     return v8.to(FP8).contiguous(), scale
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N
-             ) -> SageOperands:
-    """The rule's operands from q, k, v [B, S, H, D] (module docstring): K smoothed, then the three quantised."""
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
+             scales: str = "block") -> SageOperands:
+    """The rule's operands from q, k, v [B, S, H, D] (module docstring): K smoothed, then the three quantised;
+    `scales` "row": a Q / K scale per row, the operands still padded to the tiles."""
     k_smooth = k.float() - k.mean(dim=1, dtype=torch.float32, keepdim=True)  # (sage_kernel.quantize_on_gpu: the same)
-    q8, q_scale = quantize_int8_blocks(q, block_m)
-    k8, k_scale = quantize_int8_blocks(k_smooth, block_n)
+    q_rows, k_rows = (1, 1) if scales == "row" else (block_m, block_n)
+    q8, q_scale = quantize_int8_blocks(q, q_rows, block_m)
+    k8, k_scale = quantize_int8_blocks(k_smooth, k_rows, block_n)
     v8, v_scale = quantize_v_fp8(v, block_n)
-    return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n)
+    return SageOperands(q8, q_scale, k8, k_scale, v8, v_scale, q.shape[1], block_m, block_n, q_rows, k_rows)
 
 
 def attend_quantized(ops: SageOperands, settings: SageSettings = SageSettings(), dtype=torch.float64,
@@ -122,15 +141,17 @@ def attend_quantized(ops: SageOperands, settings: SageSettings = SageSettings(),
     s, bm, bn = ops.seq, ops.block_m, ops.block_n
     first, stop, _ = (query_blocks or slice(None)).indices(-(-s // bm))
     q = ops.q8[:, :, first * bm:stop * bm].to(dtype).view(b, h, stop - first, bm, d)
-    q = q * (ops.q_scale[:, :, first:stop, None, None].to(dtype) * d ** -0.5)
+    q_scale = ops.q_scale.repeat_interleave(ops.q_rows, -1)[:, :, first * bm:stop * bm]  # a scale per row
+    q = q * (q_scale.view(b, h, stop - first, bm, 1).to(dtype) * d ** -0.5)
     k, v = ops.k8.to(dtype), ops.v8.to(dtype)  # v: [B, H, D, Sk]
+    k_scale = ops.k_scale.repeat_interleave(ops.k_rows, -1).to(dtype)  # [B, H, Sk]: a scale per key row
     m = torch.full(q.shape[:-1], -math.inf, dtype=dtype, device=q.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q)
     log_skip = math.log(settings.skip) if settings.skip > 0 else None
-    for j, start in enumerate(range(0, s, bn)):
+    for start in range(0, s, bn):
         end = min(start + bn, s)
-        kj = k[:, :, start:end] * ops.k_scale[:, :, j, None, None].to(dtype)  # [B, H, n, D]
+        kj = k[:, :, start:end] * k_scale[:, :, start:end, None]  # [B, H, n, D]
         scores = torch.einsum("bhqrd,bhnd->bhqrn", q, kj)
         tile_max = scores.amax(-1)
         m_new = torch.maximum(m, tile_max)
@@ -154,4 +175,4 @@ def attend_quantized(ops: SageOperands, settings: SageSettings = SageSettings(),
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, settings: SageSettings = SageSettings()
               ) -> torch.Tensor:
     """The rule in float64 from q, k, v [B, S, H, D] -> [B, S, H, D] float64."""
-    return attend_quantized(quantize(q, k, v), settings)
+    return attend_quantized(quantize(q, k, v, scales=settings.scales), settings)

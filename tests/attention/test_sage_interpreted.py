@@ -25,7 +25,8 @@ _QUANTISERS = textwrap.dedent("""
         torch.manual_seed(s)
         q, k, v = torch.randn(1, s, 3, 2, 64).to(torch.bfloat16).unbind(2)  # strided views, as fused qkv gives
         k = k + 2
-        for blocks in ((sage_rule.BLOCK_M, sage_rule.BLOCK_N), (1, 1)):  # the dense rule's blocks; VSA's rows
+        # the dense rule's blocks; VSA's rows; the dense rule's tiles with a scale per row
+        for blocks in ((sage_rule.BLOCK_M, sage_rule.BLOCK_N), (1, 1), (sage_rule.BLOCK_M, sage_rule.BLOCK_N, "row")):
             want, got = sage_rule.quantize(q, k, v, *blocks), sage_kernel.quantize_on_gpu(q, k, v, *blocks)
             for name in ("q8", "q_scale", "k8", "k_scale", "v_scale"):
                 a, b = getattr(want, name), getattr(got, name)
@@ -39,15 +40,20 @@ _QUANTISERS = textwrap.dedent("""
 _ATTENTION = textwrap.dedent("""
     import torch
     from comfyui_h3.backend.attention import sage_rule, sage_kernel
-    for s, heads, skip in ((64, 2, 0.0), (200, 2, 0.0), (256, 3, 0.0), (200, 2, 0.05)):
+    cases = [(64, 2, 0.0, "block"), (200, 2, 0.0, "block"), (256, 3, 0.0, "block"), (200, 2, 0.05, "block"),
+             (200, 2, 0.0, "row"), (300, 2, 0.05, "row")]
+    for s, heads, skip, scales in cases:
         torch.manual_seed(s)
         q, k, v = (torch.randn(1, s, heads, 64) for _ in range(3))
-        settings = sage_rule.SageSettings(skip)
-        ops = sage_rule.quantize(q * 3, k, v)
+        if scales == "row":  # rows of very different sizes, shuffled: a scale read from the wrong row would show
+            q = q * torch.logspace(-1, 0.5, s)[torch.randperm(s)][None, :, None, None]
+            k = k * torch.logspace(-1, 0.7, s)[torch.randperm(s)][None, :, None, None]
+        settings = sage_rule.SageSettings(skip, scales)
+        ops = sage_rule.quantize(q * 3, k, v, scales=scales)
         want = sage_rule.attend_quantized(ops, settings)
         got = sage_kernel.attend_operands(ops, settings, torch.empty(1, s, heads, 64))
         err = float((got.double() - want).norm() / want.norm())
-        print(s, heads, skip, err)
+        print(s, heads, skip, scales, err)
         assert err < 0.06, err  # a layout or indexing slip gives O(1); the e4m3 edges a few percent
     print("ok")
 """)

@@ -105,7 +105,7 @@ ENGINE = OptionTable(
     Option("attention", "choice", "sdpa", choices=attention_backends, stage="engine",
            message="Unknown attention backend {value!r}; available: {range}.",
            help="Attention backend (see the loader node's list); vsa: Video Sparse Attention, with --vsa-topk and "
-                "--vsa-dense-steps.", tooltip="Attention kernel."),
+                "--vsa-dense-steps; sage's settings after a colon, e.g. sage:scales=row.", tooltip="Attention kernel."),
     Option("adaln_cache", "bool", False, stage="engine", tooltip=(
         "Keep each step's AdaLN modulation tables on the GPU and the AdaLN projection weights (~24 GB of the "
         "released model) in host memory; tables are rebuilt only when a request brings new timesteps. Same output "
@@ -142,12 +142,18 @@ ENGINE = OptionTable(
 def engine_attention(attention: str = "sdpa", vsa_topk: float | None = None, vsa_dense_steps: float | None = None,
                      attention_precision: str | None = None) -> AttentionSpec:
     """The engine config's attention for the attention option and, with vsa, its three settings (None: the
-    defaults); the settings mean nothing to the other backends and are ignored there."""
+    defaults); the settings mean nothing to the other backends and are ignored there. The option may carry a
+    backend's settings in their text form ("sage:scales=row", the CLI's --attention); vsa takes its own from the
+    three settings, so "vsa:..." is refused with the flags' names."""
     from ...attention import vsa
 
-    ENGINE["attention"].check(attention)
-    if attention != "vsa":
-        return AttentionSpec(attention)
+    base, with_settings, _ = attention.partition(":")
+    ENGINE["attention"].check(base)
+    if with_settings and base == "vsa":
+        raise ValueError(f"Attention {attention!r}: VSA's settings are --vsa-topk, --vsa-dense-steps and "
+                         "--attention-precision, not 'vsa:...'.")
+    if base != "vsa":
+        return AttentionSpec.parse(attention)
     topk = ENGINE["vsa_topk"].default if vsa_topk is None else vsa_topk
     dense = ENGINE["vsa_dense_steps"].default if vsa_dense_steps is None else vsa_dense_steps
     precision = ENGINE["attention_precision"].default if attention_precision is None else attention_precision
